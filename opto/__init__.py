@@ -1,0 +1,71 @@
+"""opto: optimize the text parameters of LLM agents from feedback.
+
+A trainer runs the agent on a minibatch, an LLM optimizer proposes an update per
+instance, an LLM aggregator merges them into one candidate, the candidate is validated
+and accepted or rolled back, and every decision is written to a ledger.
+"""
+
+from .agent import Agent, agent
+from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
+from .data import DataLoader, DatasetError, Example, load_dataset
+from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
+from .ledger import RunDir
+from .llm import (
+    Budget,
+    BudgetExceeded,
+    Completion,
+    LLMError,
+    LocalModel,
+    Model,
+    OpenAIModel,
+    ResponseCache,
+    ScriptedModel,
+)
+from .optimizers import Optimizer, Proposal
+from .parameters import Constraint, Parameter, ParameterError, assign
+from .prompting import PromptTemplate
+from .rollout import Rollout
+from .trainer import AggregatedUpdate, EvalResult, Minibatch, TrainResult, aevaluate, evaluate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "AggregatedUpdate",
+    "Aggregator",
+    "Budget",
+    "BudgetExceeded",
+    "Candidate",
+    "Completion",
+    "Constraint",
+    "DataLoader",
+    "DatasetError",
+    "EvalResult",
+    "ExactMatchGuide",
+    "Example",
+    "Feedback",
+    "Guide",
+    "LLMError",
+    "LLMJudgeGuide",
+    "LocalModel",
+    "Minibatch",
+    "Model",
+    "OpenAIModel",
+    "Optimizer",
+    "Parameter",
+    "ParameterError",
+    "PromptTemplate",
+    "Proposal",
+    "ResponseCache",
+    "Rollout",
+    "RunDir",
+    "ScriptedModel",
+    "TrainResult",
+    "aevaluate",
+    "agent",
+    "assign",
+    "construct_update_dict",
+    "evaluate",
+    "extract_llm_suggestion",
+    "load_dataset",
+]

@@ -1,0 +1,210 @@
+"""Agents: objects whose `forward` uses trainable `Parameter`s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ._io import atomic_write_text
+from .parameters import Parameter, assign
+
+__all__ = ["Agent", "agent"]
+
+
+def _walk(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, Parameter]]:
+    if id(value) in seen:
+        return
+    if isinstance(value, Parameter):
+        seen.add(id(value))
+        yield path, value
+    elif isinstance(value, Agent):
+        seen.add(id(value))
+        for attr, child in vars(value).items():
+            if not attr.startswith("_"):
+                yield from _walk(child, f"{path}.{attr}" if path else attr, seen)
+    elif isinstance(value, (list, tuple)):
+        for index, child in enumerate(value):
+            yield from _walk(child, f"{path}.{index}", seen)
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            yield from _walk(child, f"{path}.{key}", seen)
+
+
+class Agent:
+    """Base class of an optimizable agent.
+
+    Subclass it, keep `Parameter`s as attributes (directly, in nested agents, lists or
+    dicts) and define `forward(self, x)`, sync or async. When an `Example.x` is a tuple
+    or dict and `forward` takes several arguments, it is spread over them.
+    """
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} must define forward(self, x)")
+
+    def parameters(self, trainable_only: bool = False) -> list[Parameter]:
+        """Every `Parameter` reachable from this agent's attributes, named by attribute path.
+
+        A parameter without a name gets its path (`prompt`, `retriever.template`,
+        `examples.0`); names must be unique within the agent.
+        """
+        found: list[Parameter] = []
+        names: dict[str, str] = {}
+        for path, param in _walk(self, "", set()):
+            if param.name is None:
+                param.name = path
+            if param.name in names:
+                raise ValueError(
+                    f"two parameters are named {param.name!r} (at {names[param.name]!r} and {path!r}); "
+                    "give them distinct names"
+                )
+            names[param.name] = path
+            if param.trainable or not trainable_only:
+                found.append(param)
+        return found
+
+    def named_parameters(self) -> dict[str, Parameter]:
+        return {p.name: p for p in self.parameters()}  # type: ignore[misc]
+
+    def parameter_values(self) -> dict[str, Any]:
+        """{name: value} as seen by the current task."""
+        return {name: p.value for name, p in self.named_parameters().items()}
+
+    def resolve(self, values: Mapping[Parameter | str, Any]) -> dict[Parameter, Any]:
+        """Map names to this agent's parameters; an unknown name is an error."""
+        named = self.named_parameters()
+        resolved: dict[Parameter, Any] = {}
+        for key, value in values.items():
+            if isinstance(key, str):
+                if key not in named:
+                    raise KeyError(f"{type(self).__name__} has no parameter {key!r}; it has {sorted(named)}")
+                key = named[key]
+            resolved[key] = value
+        return resolved
+
+    def assign(self, values: Mapping[Parameter | str, Any]) -> contextlib.AbstractContextManager[None]:
+        """`opto.assign` with names resolved within this agent."""
+        return assign(self.resolve(values))
+
+    def apply(self, values: Mapping[Parameter | str, Any]) -> None:
+        """Write stored values (all validated first, so a bad value changes nothing)."""
+        resolved = self.resolve(values)
+        for param, value in resolved.items():
+            param.validate(value)
+        for param, value in resolved.items():
+            param.value = value
+
+    async def arun(self, x: Any) -> Any:
+        """Run `forward` on one input: awaited if async, else in a worker thread.
+
+        The thread inherits the current context, so it sees assigned values and
+        records its model calls in the current trace.
+        """
+        args, kwargs = _spread(self.forward, x)
+        if inspect.iscoroutinefunction(self.forward):
+            return await self.forward(*args, **kwargs)
+        result = await asyncio.to_thread(self.forward, *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def save(self, path: str | Path) -> None:
+        """Write the stored parameter values as JSON."""
+        values = {name: p.stored_value for name, p in self.named_parameters().items()}
+        atomic_write_text(path, json.dumps(values, indent=2, ensure_ascii=False) + "\n")
+
+    def load(self, path: str | Path) -> None:
+        """Read values written by `save`; unknown names or bad values change nothing."""
+        try:
+            values = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} must hold a JSON object of parameter values")
+        self.apply(values)
+
+
+def _spread(
+    forward: Callable[..., Any], x: Any, exclude: frozenset[str] = frozenset()
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One input argument gets x as is; several get a tuple spread positionally, a dict by name."""
+    try:
+        params = [
+            p
+            for p in inspect.signature(forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_POSITIONAL)
+            and p.name not in exclude
+        ]
+    except (TypeError, ValueError):
+        return (x,), {}
+    if len(params) > 1 or (params and params[0].kind is inspect.Parameter.VAR_POSITIONAL):
+        if isinstance(x, tuple):
+            return x, {}
+        if isinstance(x, dict):
+            return (), x
+    return (x,), {}
+
+
+class _FunctionAgent(Agent):
+    def __init__(self, fn: Callable[..., Any], params: dict[str, Parameter]) -> None:
+        self._fn = fn
+        self.params = params
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self._is_async = inspect.iscoroutinefunction(fn)
+
+    def parameters(self, trainable_only: bool = False) -> list[Parameter]:
+        for key, param in self.params.items():
+            if param.name is None:
+                param.name = key
+        return super().parameters(trainable_only)
+
+    def _call(self, x: Any) -> Any:
+        args, kwargs = _spread(self._fn, x, frozenset(self.params))
+        return self._fn(*args, **kwargs, **{key: param.value for key, param in self.params.items()})
+
+    def forward(self, x: Any) -> Any:
+        return self._call(x)
+
+    async def arun(self, x: Any) -> Any:
+        if self._is_async:
+            return await self._call(x)
+        result = await asyncio.to_thread(self._call, x)
+        return await result if inspect.isawaitable(result) else result
+
+    def __repr__(self) -> str:
+        return f"agent({getattr(self._fn, '__name__', 'function')})"
+
+
+def agent(
+    params: Mapping[str, Any] | list[Parameter] | None = None,
+) -> Callable[[Callable[..., Any]], Agent]:
+    """Turn a plain function into an `Agent`.
+
+    `params` maps keyword names to initial values or `Parameter`s (or is a list of
+    named `Parameter`s). The function receives the input, then each parameter's current
+    value as a keyword argument of that name::
+
+        @agent(params={"prompt": "Answer briefly.", "k": 3})
+        async def qa(question, prompt, k): ...
+    """
+    if params is None:
+        named: dict[str, Parameter] = {}
+    elif isinstance(params, Mapping):
+        named = {k: v if isinstance(v, Parameter) else Parameter(v, name=k) for k, v in params.items()}
+    else:
+        named = {}
+        for param in params:
+            if not isinstance(param, Parameter) or not param.name:
+                raise ValueError("@agent(params=[...]) takes named Parameter objects; use a dict to name values")
+            named[param.name] = param
+
+    def wrap(fn: Callable[..., Any]) -> Agent:
+        return _FunctionAgent(fn, named)
+
+    return wrap

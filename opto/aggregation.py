@@ -1,0 +1,248 @@
+"""The aggregator: one LLM merges many proposals into candidate updates.
+
+The current values are suggestion 0 with confidence `1 - stepsize`; each distinct
+proposal has confidence `stepsize`. When the proposals do not fit one prompt
+(`fan_in` suggestions or `max_prompt_tokens`), they are merged in groups and the group
+results merged again, so the prompt stays bounded at any batch size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+import logging
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ._async import gather_all
+from .extraction import construct_update, construct_update_dict, extract_llm_suggestion, extract_with_method
+from .llm.base import Model
+from .llm.usage import estimate_tokens
+from .optimizers import JSON_MODE, Proposal, reasoning_of
+from .parameters import Parameter
+from .prompting import PromptTemplate
+
+__all__ = [
+    "Aggregator",
+    "Candidate",
+    "construct_update_dict",
+    "extract_llm_suggestion",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class Candidate(BaseModel):
+    """One merged update proposed by the aggregator.
+
+    `terminate` is True when the model asked for no change. `error` says why a reply
+    gave nothing usable (unreadable even after the repair request, or truncated).
+    `groups` holds the intermediate merges that led to it, when proposals were merged
+    in groups.
+    """
+
+    candidate_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    sample_index: int = 0
+    level: int = 0
+    update: dict[str, Any] = Field(default_factory=dict)
+    reasoning: str = ""
+    raw_response: str = ""
+    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
+    extraction_method: str | None = None
+    skipped: list[dict[str, Any]] = Field(default_factory=list)
+    terminate: bool = False
+    repaired: bool = False
+    error: str | None = None
+    source_proposals: list[str] = Field(default_factory=list)
+    groups: list[Candidate] = Field(default_factory=list)
+
+
+class _Suggestion(BaseModel):
+    update: dict[str, Any]
+    reasoning: str = ""
+    support: int = 1
+    sources: list[str] = Field(default_factory=list)
+
+
+def _dedupe(proposals: Sequence[Proposal]) -> list[_Suggestion]:
+    """Identical updates are shown once, with how many instances proposed them."""
+    merged: dict[str, _Suggestion] = {}
+    for proposal in proposals:
+        if not proposal.update:
+            continue
+        key = json.dumps(proposal.update, sort_keys=True, default=str)
+        if key in merged:
+            merged[key].support += 1
+            merged[key].sources.append(proposal.proposal_id)
+        else:
+            merged[key] = _Suggestion(
+                update=proposal.update, reasoning=proposal.reasoning, sources=[proposal.proposal_id]
+            )
+    return list(merged.values())
+
+
+class Aggregator:
+    """Merges proposals into `num_candidates` candidate updates.
+
+    Args:
+        model: the aggregator's LLM.
+        template: a `PromptTemplate`, or a user-message template (text or path) that
+            replaces `prompts/aggregator.user.j2`.
+        max_tokens: the reply's token limit.
+        max_prompt_tokens: above this (estimated) prompt size, merge in groups.
+        fan_in: at most this many suggestions in one prompt.
+        num_candidates: samples of the final merge; each is validated on its own.
+        temperature: sampling temperature (the backend's default when None).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        template: PromptTemplate | str | Path | None = None,
+        max_tokens: int = 4096,
+        max_prompt_tokens: int = 6000,
+        fan_in: int = 8,
+        num_candidates: int = 1,
+        temperature: float | None = None,
+    ) -> None:
+        if fan_in < 2:
+            raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+        if num_candidates < 1:
+            raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
+        self.model = model
+        self.template = PromptTemplate.resolve(template, "aggregator")
+        self.repair_template = PromptTemplate.builtin("repair")
+        self.max_tokens = max_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.fan_in = fan_in
+        self.num_candidates = num_candidates
+        self.temperature = temperature
+
+    @property
+    def system_prompt(self) -> str:
+        return self.template.render_system() or ""
+
+    async def aggregate(
+        self, current: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]:
+        """Candidates for this step; [] when no proposal carries an update (no call is made)."""
+        if not 0.0 <= stepsize <= 1.0:
+            raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
+        trainable = [p for p in current if p.trainable]
+        suggestions = _dedupe(proposals)
+        if not suggestions:
+            return []
+        groups: list[Candidate] = []
+        level = 0
+        while len(suggestions) > 1 and not self._fits(trainable, suggestions, stepsize):
+            level += 1
+            batches = self._partition(trainable, suggestions, stepsize)
+            results = await gather_all(self._merge(trainable, batch, stepsize, 1, level) for batch in batches)
+            merged = [c for result in results for c in result]
+            groups.extend(merged)
+            suggestions = [
+                _Suggestion(
+                    update=c.update,
+                    reasoning=c.reasoning,
+                    support=sum(s.support for s in batch),
+                    sources=[src for s in batch for src in s.sources],
+                )
+                for c, batch in zip(merged, batches)
+                if c.update
+            ]
+            logger.info("aggregation level %d: %d groups -> %d suggestions", level, len(batches), len(suggestions))
+            if not suggestions:
+                return []
+        final = await self._merge(trainable, suggestions, stepsize, self.num_candidates, level + 1)
+        for candidate in final:
+            candidate.groups = list(groups)
+        return final
+
+    def _messages(self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float) -> list:
+        return self.template.render(
+            parameters=[p.describe() for p in params],
+            current={p.name: p.value for p in params},
+            current_confidence=1.0 - stepsize,
+            suggestions=[{**s.model_dump(), "confidence": stepsize} for s in suggestions],
+        )
+
+    def _prompt_tokens(self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float) -> int:
+        return sum(estimate_tokens(m["content"]) for m in self._messages(params, suggestions, stepsize))
+
+    def _fits(self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float) -> bool:
+        if len(suggestions) > self.fan_in:
+            return False
+        return self._prompt_tokens(params, suggestions, stepsize) <= self.max_prompt_tokens
+
+    def _partition(
+        self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float
+    ) -> list[list[_Suggestion]]:
+        """Greedy groups under both bounds; never single items, so every level shrinks."""
+        batches: list[list[_Suggestion]] = [[]]
+        for suggestion in suggestions:
+            batch = batches[-1]
+            if len(batch) >= 2 and not self._fits(params, [*batch, suggestion], stepsize):
+                batches.append([suggestion])
+            else:
+                batch.append(suggestion)
+        if len(batches) > 1 and len(batches[-1]) == 1:
+            batches[-2].extend(batches.pop())
+        return batches
+
+    async def _merge(
+        self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float, n: int, level: int
+    ) -> list[Candidate]:
+        messages = self._messages(params, suggestions, stepsize)
+        completion = await self.model.complete(
+            messages, response_format=JSON_MODE, temperature=self.temperature, max_tokens=self.max_tokens, n=n
+        )
+        sources = [src for s in suggestions for src in s.sources]
+        candidates = []
+        for index, text in enumerate(completion.texts):
+            candidate = await self._read(params, messages, text, completion.truncated)
+            candidate.sample_index, candidate.level, candidate.source_proposals = index, level, sources
+            candidates.append(candidate)
+        return candidates
+
+    async def _read(
+        self, params: Sequence[Parameter], messages: list, text: str, truncated: bool
+    ) -> Candidate:
+        """Extract a candidate; an unreadable or truncated reply gets one repair request."""
+        extraction = extract_with_method(text)
+        repaired = False
+        if truncated or not (extraction.method or extraction.terminate):
+            repair = [
+                *messages,
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": self.repair_template.render_user(truncated=truncated)},
+            ]
+            logger.warning("aggregator reply %s; asking once more", "was truncated" if truncated else "was unreadable")
+            retry = await self.model.complete(
+                repair, response_format=JSON_MODE, temperature=self.temperature, max_tokens=self.max_tokens
+            )
+            text, truncated, repaired = retry.text, retry.truncated, True
+            messages = repair  # the context that produced the text we keep
+            extraction = extract_with_method(text)
+        if truncated:
+            # A value cut mid-way must never be applied as if it were whole.
+            return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
+                             error="reply truncated at max_tokens, even after a repair request")
+        if not (extraction.method or extraction.terminate):
+            return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
+                             error="no suggestion could be extracted, even after a repair request")
+        result = construct_update(params, extraction.suggestion)
+        return Candidate(
+            update=result.update,
+            reasoning=reasoning_of(text),
+            raw_response=text,
+            prompt_messages=messages,
+            extraction_method=extraction.method,
+            skipped=[asdict(s) for s in result.skipped],
+            terminate=extraction.terminate,
+            repaired=repaired,
+        )

@@ -1,0 +1,109 @@
+"""Four BIG-bench tasks shipped with opto, as lists of `Example`.
+
+The task files are copied unchanged from the BIG-bench project (Apache License 2.0); see
+`bigbench_data/README.md` for the attribution. Each example becomes:
+
+- `x`: a self-contained question: the task's instruction (`task_prefix`), the example's
+  input after its `example_input_prefix` (e.g. "Sort the following words
+  alphabetically:\\nList: stick gelatine"), and, for the multiple-choice tasks, the
+  options, one per line after "Options:".
+- `info`: the list of accepted answers: object_counting's targets (`["three", "3"]`),
+  word_sorting's sorted string as a one-item list, or the option(s) scored 1 for the
+  multiple-choice tasks (`["plausible"]`).
+
+The options are always appended, although both multiple-choice files set
+`append_choices_to_input: false`: that flag is for BIG-bench's likelihood scoring, where
+the model never has to write an option; here the model generates the answer, and the
+logical-deduction options (full sentences) cannot be guessed without seeing them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from opto.data import Example
+
+__all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks"]
+
+_TASKS = ("object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects")
+
+#: Fractions of each task's shuffled examples in the train, validation and test splits
+#: (test takes what is left after rounding the first two down).
+SPLIT_FRACTIONS: dict[str, float] = {"train": 0.5, "validation": 0.25, "test": 0.25}
+
+
+def bigbench_tasks() -> list[str]:
+    """The names of the shipped BIG-bench tasks."""
+    return list(_TASKS)
+
+
+def bigbench(task: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Example]:
+    """Load one split of a shipped BIG-bench task.
+
+    The examples are shuffled with `numpy.random.default_rng(seed)` and cut into
+    train (first 50%), validation (next 25%) and test (the rest, about 25%); the three
+    splits of one seed are disjoint and together hold every example. `split="all"`
+    returns every example in file order. `n` keeps the first `n` examples of the split
+    (all of them when the split is smaller). Ids are `"{task}-{index in the file}"`.
+
+    Args:
+        task: one of `bigbench_tasks()`.
+        split: "train", "validation", "test" or "all".
+        n: at most this many examples; None for the whole split.
+        seed: the shuffle seed (a different seed gives different splits).
+    """
+    if task not in _TASKS:
+        raise ValueError(f"unknown BIG-bench task {task!r}; the shipped tasks are {', '.join(_TASKS)}")
+    if split != "all" and split not in SPLIT_FRACTIONS:
+        raise ValueError(f"unknown split {split!r}; use one of 'train', 'validation', 'test' or 'all'")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"n must be an int >= 0 or None, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+    data = _load_task(task)
+    examples = data["examples"]
+    if split == "all":
+        indices = list(range(len(examples)))
+    else:
+        order = np.random.default_rng(seed).permutation(len(examples))
+        n_train = int(len(examples) * SPLIT_FRACTIONS["train"])
+        n_validation = int(len(examples) * SPLIT_FRACTIONS["validation"])
+        bounds = {
+            "train": (0, n_train),
+            "validation": (n_train, n_train + n_validation),
+            "test": (n_train + n_validation, len(examples)),
+        }
+        start, stop = bounds[split]
+        indices = [int(i) for i in order[start:stop]]
+    if n is not None:
+        indices = indices[:n]
+    return [_to_example(task, data, index) for index in indices]
+
+
+@functools.lru_cache(maxsize=None)
+def _load_task(task: str) -> dict[str, Any]:
+    source = resources.files("opto.datasets") / "bigbench_data" / f"{task}.json"
+    return json.loads(source.read_text(encoding="utf-8"))
+
+
+def _to_example(task: str, data: dict[str, Any], index: int) -> Example:
+    row = data["examples"][index]
+    text = str(data.get("example_input_prefix", "")) + row["input"]
+    instruction = str(data.get("task_prefix", "")).strip()
+    if instruction:
+        text = instruction + ("" if text.startswith("\n") else "\n\n") + text
+    text = text.strip()
+    if "target_scores" in row:
+        options = list(row["target_scores"])
+        text += "\nOptions:\n" + "\n".join(f"- {option}" for option in options)
+        answers = [option for option, score in row["target_scores"].items() if score == 1]
+    else:
+        target = row["target"]
+        answers = [str(t) for t in target] if isinstance(target, list) else [str(target)]
+    return Example(text, info=answers, id=f"{task}-{index}")

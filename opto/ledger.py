@@ -1,0 +1,94 @@
+"""The run directory: ledger.jsonl, checkpoint.json, metrics.jsonl.
+
+The ledger holds one record per rollout, proposal, aggregate candidate and validation
+decision, linked by ids (`step`, `instance_id`, `proposal_id`, `candidate_id`). Records
+are appended with fsync; the checkpoint and rewrites are atomic (temp file + rename).
+Nothing is pickled and no API key is ever written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ._io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from .llm.usage import UsageStats
+
+__all__ = ["Checkpoint", "RunDir"]
+
+CHECKPOINT_VERSION = 1
+
+
+class Checkpoint(BaseModel):
+    """Everything needed to continue a run after its last completed step."""
+
+    version: int = CHECKPOINT_VERSION
+    step: int = 0
+    epoch: int = 0
+    loader_state: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, UsageStats] = Field(default_factory=dict)
+    accepted: int = 0
+    rejected: int = 0
+    no_update: int = 0
+    train_scores: list[float | None] = Field(default_factory=list)
+    test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    finished: bool = False
+
+
+class RunDir:
+    """One training run's files. Create it with the folder; it is made if missing."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.ledger_path = self.path / "ledger.jsonl"
+        self.checkpoint_path = self.path / "checkpoint.json"
+        self.metrics_path = self.path / "metrics.jsonl"
+        self._pending: list[dict[str, Any]] = []
+
+    def record(self, kind: str, step: int, **fields: Any) -> None:
+        """Queue a ledger record; `flush` writes the queue."""
+        self._pending.append({"type": kind, "step": step, "time": time.time(), **fields})
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        append_jsonl(self.ledger_path, pending)
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        append_jsonl(self.metrics_path, [metrics])
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        atomic_write_json(self.checkpoint_path, checkpoint.model_dump(mode="json"))
+
+    def load_checkpoint(self) -> Checkpoint | None:
+        if not self.checkpoint_path.exists():
+            return None
+        try:
+            return Checkpoint.model_validate_json(self.checkpoint_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{self.checkpoint_path} is not a valid opto checkpoint: {exc}") from exc
+
+    def ledger(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.ledger_path)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def discard_after(self, step: int) -> None:
+        """Drop records of steps after `step` (work of an interrupted step, redone on resume)."""
+        for path in (self.ledger_path, self.metrics_path):
+            records = read_jsonl(path)
+            kept = [r for r in records if r.get("step", 0) <= step]
+            if len(kept) != len(records):
+                atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+    def reset(self) -> None:
+        """Start afresh: remove the files of an earlier run in this folder."""
+        for path in (self.ledger_path, self.checkpoint_path, self.metrics_path):
+            path.unlink(missing_ok=True)

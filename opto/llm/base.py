@@ -1,0 +1,168 @@
+"""The `Model` base class: caching, budget, usage and tracing around one backend call."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+from .cache import ResponseCache, request_key
+from .tracing import record_call
+from .types import Completion, Message, TokenUsage, validate_messages
+from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
+
+__all__ = ["Model"]
+
+logger = logging.getLogger(__name__)
+
+
+class Model(ABC):
+    """The protocol every backend follows, with the shared machinery built in.
+
+    Subclasses implement `_generate`; `complete` adds input checks, the response cache,
+    the budget, usage accounting and trace recording, the same for every backend.
+
+    Args:
+        name: the model name sent to the backend and used in cache keys and prices.
+        cache: a `ResponseCache`; a hit costs nothing and is counted in `usage.cached_calls`.
+        budget: a `Budget` checked before every call that is not a cache hit.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        cache: ResponseCache | None = None,
+        budget: Budget | None = None,
+        prices: Mapping[str, Price | Mapping[str, float]] | None = None,
+    ) -> None:
+        self.name = name
+        self.cache = cache
+        self.budget = budget
+        self.prices = normalize_prices(prices)
+        self._usage = UsageStats()
+        self._usage_lock = threading.Lock()
+
+    @property
+    def usage(self) -> UsageStats:
+        """Calls, cached calls, tokens and cost so far (a snapshot)."""
+        with self._usage_lock:
+            return self._usage.model_copy()
+
+    @property
+    def price(self) -> Price | None:
+        return self.prices.get(self.name)
+
+    async def complete(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        n: int = 1,
+        seed: int | None = None,
+    ) -> Completion:
+        """Send a chat request and return `n` samples.
+
+        Raises `BudgetExceeded` before a call that would go over the budget, and an
+        `LLMError` subclass when the backend fails for good.
+        """
+        messages = validate_messages(messages)
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens!r}")
+        request = {
+            "model": self.name,
+            "messages": messages,
+            "response_format": response_format,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "n": n,
+            "seed": seed,
+        }
+        keys = [request_key(request, i) for i in range(n)]
+        texts: list[str | None] = [None] * n
+        reasons: list[str | None] = [None] * n
+        if self.cache is not None:
+            for i, key in enumerate(keys):
+                hit = self.cache.get(key)
+                if hit is not None:
+                    texts[i], reasons[i] = hit
+        missing = [i for i, text in enumerate(texts) if text is None]
+        usage = TokenUsage()
+        model_name = self.name
+        if missing:
+            fresh = await self._paid_generate(
+                messages,
+                response_format=response_format,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                n=len(missing),
+                seed=seed,
+            )
+            usage, model_name = fresh.usage, fresh.model or self.name
+            for i, text in zip(missing, fresh.texts):
+                texts[i], reasons[i] = text, fresh.finish_reason
+                if self.cache is not None:
+                    self.cache.put(keys[i], text, fresh.finish_reason)
+        else:
+            with self._usage_lock:
+                self._usage.cached_calls += 1
+            charge_meters(self.name, None, 0.0)
+        finish = "length" if "length" in reasons else (reasons[0] or "stop")
+        completion = Completion(
+            texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing
+        )
+        if completion.truncated:
+            logger.warning("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
+        record_call(self.name, messages, completion)
+        return completion
+
+    async def _paid_generate(self, messages: list[Message], **kwargs: Any) -> Completion:
+        reservation = None
+        if self.budget is not None:
+            prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
+            reservation = self.budget.reserve(prompt_estimate, self.price)
+        try:
+            fresh = await self._generate(messages, **kwargs)
+        except BaseException:
+            if reservation is not None:
+                self.budget.settle(reservation, None, self.price)  # type: ignore[union-attr]
+            raise
+        if reservation is not None:
+            self.budget.settle(reservation, fresh.usage, self.price)  # type: ignore[union-attr]
+        cost = cost_of(fresh.usage, self.price)
+        with self._usage_lock:
+            self._usage.calls += 1
+            self._usage.prompt_tokens += fresh.usage.prompt_tokens
+            self._usage.completion_tokens += fresh.usage.completion_tokens
+            self._usage.cost_usd += cost
+        charge_meters(self.name, fresh.usage, cost)
+        return fresh
+
+    @abstractmethod
+    async def _generate(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None,
+        temperature: float | None,
+        max_tokens: int | None,
+        n: int,
+        seed: int | None,
+    ) -> Completion:
+        """Call the backend once for `n` samples (no cache, no budget: `complete` does those)."""
+
+    async def aclose(self) -> None:
+        """Release the backend's resources (connections, threads)."""
+
+    def close(self) -> None:
+        """Synchronous `aclose` for scripts."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

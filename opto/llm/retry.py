@@ -1,0 +1,42 @@
+"""Backoff delays: exponential with jitter, or what the server's Retry-After asks."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Mapping
+
+__all__ = ["backoff_delay", "retry_after_seconds"]
+
+MAX_RETRY_AFTER = 120.0
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked us to wait (retry-after-ms, Retry-After seconds or date)."""
+    if not headers:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return min(MAX_RETRY_AFTER, max(0.0, float(value) / 1000))
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return min(MAX_RETRY_AFTER, max(0.0, float(value)))
+    except ValueError:
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return min(MAX_RETRY_AFTER, max(0.0, parsed.timestamp() - time.time()))
+
+
+def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
+    """Exponential backoff with jitter: half fixed, half random, so clients spread out."""
+    ceiling = min(cap, base * (2**attempt))
+    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)

@@ -1,0 +1,81 @@
+"""`ScriptedModel`: a deterministic model for tests and examples."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+from .base import Model
+from .errors import LLMError
+from .types import Completion, Message, TokenUsage
+from .usage import estimate_tokens
+
+__all__ = ["ScriptedModel"]
+
+ScriptItem = Union[str, Completion, BaseException]
+
+
+class ScriptedModel(Model):
+    """Replies from a script instead of a network.
+
+    Args:
+        responses: a list of replies returned in order, one per sample (an item may be
+            a str, a `Completion` to set `finish_reason`, or an exception to raise), or a
+            callable `fn(messages) -> str` (sync or async) called once per sample.
+        name: the model name (used in cache keys and usage).
+
+    Every request is recorded in `requests` (the keyword arguments and messages).
+    """
+
+    def __init__(
+        self,
+        responses: Sequence[ScriptItem] | Callable[[list[Message]], Any],
+        *,
+        name: str = "scripted",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        if callable(responses):
+            self._fn: Callable[[list[Message]], Any] | None = responses
+            self._script: list[ScriptItem] = []
+        elif isinstance(responses, (str, bytes)):
+            raise TypeError("ScriptedModel takes a list of replies or a callable, not a single string")
+        else:
+            self._fn = None
+            self._script = list(responses)
+        self._position = 0
+        self.requests: list[dict[str, Any]] = []
+
+    @property
+    def remaining(self) -> int:
+        """Replies left in a list script."""
+        return len(self._script) - self._position
+
+    async def _generate(self, messages: list[Message], **kwargs: Any) -> Completion:
+        self.requests.append({"messages": messages, **kwargs})
+        texts: list[str] = []
+        finish = "stop"
+        for _ in range(kwargs["n"]):
+            item = await self._next(messages)
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Completion):
+                finish = item.finish_reason if item.truncated else finish
+                item = item.text
+            if not isinstance(item, str):
+                raise TypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
+            texts.append(item)
+        prompt = sum(estimate_tokens(str(m["content"])) for m in messages)
+        usage = TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+        return Completion(texts=texts, finish_reason=finish, usage=usage, model=self.name)
+
+    async def _next(self, messages: list[Message]) -> Any:
+        if self._fn is not None:
+            reply = self._fn(messages)
+            return await reply if inspect.isawaitable(reply) else reply
+        if self._position >= len(self._script):
+            raise LLMError(f"ScriptedModel {self.name!r} ran out of replies after {len(self._script)}")
+        item = self._script[self._position]
+        self._position += 1
+        return item

@@ -1,0 +1,174 @@
+"""Usage accounting and spending limits shared by every model backend."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator, Mapping
+
+from pydantic import BaseModel
+
+from .errors import BudgetExceeded
+from .types import TokenUsage
+
+__all__ = ["Budget", "Price", "UsageMeter", "UsageStats", "estimate_tokens", "meter_usage"]
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (about four characters a token) for limits and backends that report none."""
+    return max(1, len(text) // 4) if text else 0
+
+
+class Price(BaseModel):
+    """USD per million tokens."""
+
+    input: float
+    output: float
+
+
+class UsageStats(BaseModel):
+    """What a model has used so far. `cached_calls` cost nothing and are not in the token counts."""
+
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: UsageStats) -> UsageStats:
+        return UsageStats(
+            calls=self.calls + other.calls,
+            cached_calls=self.cached_calls + other.cached_calls,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+        )
+
+
+def cost_of(usage: TokenUsage, price: Price | None) -> float:
+    if price is None:
+        return 0.0
+    return (usage.prompt_tokens * price.input + usage.completion_tokens * price.output) / 1_000_000
+
+
+def normalize_prices(prices: Mapping[str, Price | Mapping[str, float]] | None) -> dict[str, Price]:
+    """Accept {"model": {"input": usd_per_1m, "output": usd_per_1m}} or Price objects."""
+    return {name: p if isinstance(p, Price) else Price(**p) for name, p in (prices or {}).items()}
+
+
+class Budget:
+    """Limits on calls, tokens and cost, checked before every call; share one among models.
+
+    A call is refused with `BudgetExceeded` when it would go over: its prompt tokens are
+    estimated and reserved before it is sent, so concurrent calls cannot overshoot
+    together; the reservation is replaced by the real usage when the reply arrives.
+    Completion tokens are unknown in advance, so a token or cost limit can be passed by
+    the completion of the last call allowed.
+    """
+
+    def __init__(
+        self,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_cost_usd: float | None = None,
+    ) -> None:
+        for label, limit in (("max_calls", max_calls), ("max_tokens", max_tokens), ("max_cost_usd", max_cost_usd)):
+            if limit is not None and limit < 0:
+                raise ValueError(f"Budget {label} must be >= 0, got {limit}")
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.max_cost_usd = max_cost_usd
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.tokens = 0
+        self.cost_usd = 0.0
+
+    def reserve(self, prompt_tokens: int, price: Price | None) -> tuple[int, float]:
+        """Count one call and its estimated prompt tokens, or raise if that goes over."""
+        cost = cost_of(TokenUsage(prompt_tokens=prompt_tokens), price)
+        with self._lock:
+            if self.max_calls is not None and self.calls + 1 > self.max_calls:
+                raise BudgetExceeded(f"budget of {self.max_calls} calls is used up")
+            if self.max_tokens is not None and self.tokens + prompt_tokens > self.max_tokens:
+                raise BudgetExceeded(
+                    f"budget of {self.max_tokens} tokens: {self.tokens} used, this call needs about {prompt_tokens}"
+                )
+            if self.max_cost_usd is not None and self.cost_usd + cost > self.max_cost_usd:
+                raise BudgetExceeded(f"budget of ${self.max_cost_usd:.4f}: ${self.cost_usd:.4f} spent")
+            self.calls += 1
+            self.tokens += prompt_tokens
+            self.cost_usd += cost
+        return prompt_tokens, cost
+
+    def settle(self, reservation: tuple[int, float], usage: TokenUsage | None, price: Price | None) -> None:
+        """Replace a reservation by what the call really used (None: the call was not paid)."""
+        tokens, cost = reservation
+        with self._lock:
+            self.tokens -= tokens
+            self.cost_usd -= cost
+            if usage is None:
+                self.calls -= 1
+            else:
+                self.tokens += usage.total_tokens
+                self.cost_usd += cost_of(usage, price)
+
+    def remaining(self) -> dict[str, float | None]:
+        with self._lock:
+            return {
+                "calls": None if self.max_calls is None else self.max_calls - self.calls,
+                "tokens": None if self.max_tokens is None else self.max_tokens - self.tokens,
+                "cost_usd": None if self.max_cost_usd is None else self.max_cost_usd - self.cost_usd,
+            }
+
+
+class UsageMeter:
+    """Usage of every model call made inside a `meter_usage()` block, per model name.
+
+    Calls made in tasks and threads started inside the block count too, so a trainer
+    sees the agent's own calls as well as the optimizer's, each counted once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_model: dict[str, UsageStats] = {}
+
+    def charge(self, model: str, usage: TokenUsage | None, cost: float) -> None:
+        with self._lock:
+            stats = self.by_model.setdefault(model, UsageStats())
+            if usage is None:
+                stats.cached_calls += 1
+            else:
+                stats.calls += 1
+                stats.prompt_tokens += usage.prompt_tokens
+                stats.completion_tokens += usage.completion_tokens
+                stats.cost_usd += cost
+
+    @property
+    def total(self) -> UsageStats:
+        with self._lock:
+            return sum(self.by_model.values(), UsageStats())
+
+
+_METERS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar("opto_usage_meters", default=())
+
+
+@contextlib.contextmanager
+def meter_usage() -> Iterator[UsageMeter]:
+    """Count the usage of model calls made inside the block (meters nest)."""
+    meter = UsageMeter()
+    token = _METERS.set((*_METERS.get(), meter))
+    try:
+        yield meter
+    finally:
+        _METERS.reset(token)
+
+
+def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:
+    """Called by `Model` for each call: a paid one (usage) or a cache hit (None)."""
+    for meter in _METERS.get():
+        meter.charge(model, usage, cost)

@@ -1,0 +1,225 @@
+"""Trainable parameters and the per-task assignment context.
+
+`Parameter.value` first looks at an override map held in a `contextvars.ContextVar`
+and only then at the parameter's stored value. `assign()` sets that map for the
+current task (or thread, through `asyncio.to_thread`), so concurrent runs of one agent
+with different values never see each other's values. Accepting an update is the only
+thing that writes stored values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Constraint", "Parameter", "ParameterError", "assign", "current_assignment"]
+
+#: Python types a parameter may hold; bool is checked before int because bool is an int.
+SUPPORTED_TYPES: tuple[type, ...] = (bool, str, int, float, list, dict)
+
+_OVERRIDES: contextvars.ContextVar[Mapping[Any, Any] | None] = contextvars.ContextVar(
+    "opto_parameter_overrides", default=None
+)
+
+
+class ParameterError(ValueError):
+    """A value does not fit a parameter's type or constraint."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What values a parameter may take.
+
+    `text` is shown to the optimizer as is. The checks (`choices`, `min`, `max`,
+    `max_length`, `check`) are enforced on every update and also described to the
+    optimizer. `check` is a callable that returns True for an acceptable value.
+    """
+
+    text: str | None = None
+    choices: tuple[Any, ...] | None = None
+    min: float | None = None
+    max: float | None = None
+    max_length: int | None = None
+    check: Callable[[Any], bool] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.choices is not None:
+            object.__setattr__(self, "choices", tuple(self.choices))
+
+    def describe(self) -> str:
+        """The constraint as one line of text for a prompt ('' when there is none)."""
+        parts = [self.text] if self.text else []
+        if self.choices is not None:
+            parts.append("one of " + json.dumps(list(self.choices)))
+        if self.min is not None:
+            parts.append(f">= {self.min}")
+        if self.max is not None:
+            parts.append(f"<= {self.max}")
+        if self.max_length is not None:
+            parts.append(f"length at most {self.max_length}")
+        return "; ".join(parts)
+
+    def violation(self, value: Any) -> str | None:
+        """Why `value` breaks this constraint, or None when it does not."""
+        if self.choices is not None and value not in self.choices:
+            return f"{value!r} is not one of {list(self.choices)!r}"
+        if self.min is not None and value < self.min:
+            return f"{value!r} is below the minimum {self.min}"
+        if self.max is not None and value > self.max:
+            return f"{value!r} is above the maximum {self.max}"
+        if self.max_length is not None and len(value) > self.max_length:
+            return f"length {len(value)} is over the maximum {self.max_length}"
+        if self.check is not None:
+            try:
+                ok = self.check(value)
+            except Exception as exc:  # a user's check that raises rejects the value
+                return f"the check raised {type(exc).__name__}: {exc}"
+            if not ok:
+                return f"{_short(value)} fails the parameter's check"
+        return None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_of(value: Any) -> type:
+    for kind in SUPPORTED_TYPES:
+        if isinstance(value, kind):
+            return kind
+    raise ParameterError(
+        f"a Parameter holds str, int, float, bool, list or dict; got {type(value).__name__}"
+    )
+
+
+class Parameter:
+    """A typed value that the optimizer may change.
+
+    Args:
+        value: the initial value (str, int, float, bool, list or dict); its type is the
+            parameter's type for its whole life.
+        name: unique within an agent; defaults to the attribute path inside the agent.
+        description: what the value is for, shown to the optimizer.
+        trainable: False keeps the value fixed (it is still shown as context).
+        constraint: text shown to the optimizer, a `Constraint` with checks that every
+            update must pass, or a callable check.
+    """
+
+    def __init__(
+        self,
+        value: Any,
+        *,
+        name: str | None = None,
+        description: str = "",
+        trainable: bool = True,
+        constraint: str | Constraint | Callable[[Any], bool] | None = None,
+    ) -> None:
+        self.type: type = _type_of(value)
+        self.name = name
+        self.description = description
+        self.trainable = trainable
+        if isinstance(constraint, str):
+            constraint = Constraint(text=constraint)
+        elif callable(constraint) and not isinstance(constraint, Constraint):
+            constraint = Constraint(check=constraint)
+        self.constraint: Constraint | None = constraint
+        self._value = self.validate(value)
+
+    @property
+    def value(self) -> Any:
+        """The value seen by the current task: an assigned override, else the stored value."""
+        overrides = _OVERRIDES.get()
+        if overrides:
+            if self in overrides:
+                return overrides[self]
+            if self.name is not None and self.name in overrides:
+                return overrides[self.name]
+        return self._value
+
+    @value.setter
+    def value(self, new_value: Any) -> None:
+        self._value = self.validate(new_value)
+
+    @property
+    def stored_value(self) -> Any:
+        """The stored value, ignoring any assignment context."""
+        return self._value
+
+    def describe_constraint(self) -> str:
+        return self.constraint.describe() if self.constraint else ""
+
+    def describe(self) -> dict[str, Any]:
+        """What a prompt shows of this parameter: name, type, description, constraint, value."""
+        return {
+            "name": self.name,
+            "type": self.type.__name__,
+            "trainable": self.trainable,
+            "description": self.description,
+            "constraint": self.describe_constraint(),
+            "value": self.value,
+        }
+
+    def validate(self, value: Any) -> Any:
+        """Return `value` if it fits this parameter's type and constraint, else raise.
+
+        An int is accepted for a float parameter (and stored as float); nothing else is
+        converted here: coercion of model output lives in `construct_update_dict`.
+        """
+        label = self.name or "parameter"
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if _type_of_or_none(value) is not self.type:
+            raise ParameterError(
+                f"{label}: expected a {self.type.__name__}, got {type(value).__name__} {_short(value)}"
+            )
+        if self.type is float and not math.isfinite(value):
+            raise ParameterError(f"{label}: {value!r} is not a finite number")
+        if self.constraint is not None:
+            problem = self.constraint.violation(value)
+            if problem:
+                raise ParameterError(f"{label}: {problem}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Parameter(name={self.name!r}, value={_short(self.value)})"
+
+
+def _type_of_or_none(value: Any) -> type | None:
+    try:
+        return _type_of(value)
+    except ParameterError:
+        return None
+
+
+def current_assignment() -> Mapping[Any, Any]:
+    """The override map active in this task (empty outside any `assign`)."""
+    return _OVERRIDES.get() or {}
+
+
+@contextlib.contextmanager
+def assign(values: Mapping[Parameter | str, Any]) -> Iterator[None]:
+    """Set parameter values for the current task only.
+
+    Keys are `Parameter` objects or names (a name applies to every parameter of that
+    name seen in this task; use `Agent.assign` to resolve names within one agent).
+    Nested assignments merge, the inner one winning. Works in sync and async code;
+    tasks and threads started inside inherit the values.
+    """
+    for key, value in values.items():
+        if isinstance(key, Parameter):
+            key.validate(value)
+        elif not isinstance(key, str):
+            raise TypeError(f"assign() keys are Parameter objects or names, got {type(key).__name__}")
+    merged = dict(current_assignment())
+    merged.update(values)
+    token = _OVERRIDES.set(merged)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)

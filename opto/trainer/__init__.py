@@ -1,0 +1,23 @@
+"""Trainers: the `Minibatch` loop, `AggregatedUpdate`, evaluation and validation policies."""
+
+from .aggregated import AggregatedUpdate, InstanceOutput
+from .evaluation import EvalResult, aevaluate, evaluate
+from .minibatch import Minibatch, StepContext, StepOutcome, TrainResult
+from .validation import DatasetValidation, Decision, MinibatchValidation, NoValidation, Validation
+
+__all__ = [
+    "AggregatedUpdate",
+    "DatasetValidation",
+    "Decision",
+    "EvalResult",
+    "InstanceOutput",
+    "Minibatch",
+    "MinibatchValidation",
+    "NoValidation",
+    "StepContext",
+    "StepOutcome",
+    "TrainResult",
+    "Validation",
+    "aevaluate",
+    "evaluate",
+]

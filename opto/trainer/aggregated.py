@@ -1,0 +1,215 @@
+"""`AggregatedUpdate`: per-instance proposals merged by an LLM, validated, then applied."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._async import gather_all, run_sync
+from ..agent import Agent
+from ..aggregation import Aggregator, Candidate
+from ..data import Example
+from ..guides import Guide
+from ..llm.base import Model
+from ..llm.errors import BudgetExceeded, LLMError
+from ..optimizers import Optimizer, Proposal
+from ..parameters import Parameter
+from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
+from .minibatch import Minibatch, StepContext, StepOutcome
+from .validation import Decision, Validation, ValidationContext, make_validation
+
+__all__ = ["AggregatedUpdate", "InstanceOutput"]
+
+logger = logging.getLogger(__name__)
+
+
+class InstanceOutput(BaseModel):
+    """What `forward` returns for one instance: its rollout and its proposals."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    rollout: Rollout
+    proposals: list[Proposal] = Field(default_factory=list)
+    error: str | None = None
+
+
+class AggregatedUpdate(Minibatch):
+    """Propose per instance, aggregate with an LLM, validate, accept or roll back.
+
+    Args:
+        agent: the agent to train.
+        optimizer: the per-instance `Optimizer`.
+        llm: the aggregator's model (the optimizer's model when None).
+        max_tokens: the aggregator reply's token limit.
+        aggregator: a configured `Aggregator` (then `llm` and `max_tokens` are unused).
+        concurrency: agent runs and LLM calls the trainer starts at once.
+        validation: "minibatch" (re-run the batch with the candidate), "none" (always
+            accept), a dataset to validate on, or a `Validation` object.
+        improvement_threshold: a candidate must beat the current mean by more than this.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        optimizer: Optimizer,
+        llm: Model | None = None,
+        max_tokens: int = 4096,
+        *,
+        aggregator: Aggregator | None = None,
+        concurrency: int = 16,
+        validation: str | Validation | Any = "minibatch",
+        improvement_threshold: float = 0.0,
+    ) -> None:
+        super().__init__(agent, concurrency=concurrency)
+        self.optimizer = optimizer
+        self.aggregator = aggregator or Aggregator(llm or optimizer.model, max_tokens=max_tokens)
+        self.validation = make_validation(validation)
+        self.improvement_threshold = improvement_threshold
+        self.aggregator_system_prompt = self.aggregator.system_prompt
+        # Used by forward()/update() when called outside train().
+        self.stepsize = 0.5
+        self.min_score: float | None = None
+        self.guide: Guide | None = None
+        self._gate: asyncio.Semaphore | None = None
+
+    # Trace-compatible names -------------------------------------------------------------
+
+    def to_param_dict(self, update_dict: dict[str, Any]) -> dict[Parameter, Any]:
+        """{parameter name: value} -> {Parameter: value} for this agent."""
+        return self.agent.resolve(update_dict)
+
+    def forward(self, agent: Agent, x: Any, guide: Guide, info: Any) -> InstanceOutput:
+        """Run one instance, judge it and ask the optimizer for proposals."""
+        return run_sync(self.aforward(agent, x, guide, info))
+
+    def update(self, outputs: Sequence[InstanceOutput]) -> StepOutcome:
+        """Aggregate the proposals of `outputs`, validate the candidate, apply it if accepted."""
+        return run_sync(self.aupdate(outputs))
+
+    async def aforward(
+        self, agent: Agent, x: Any, guide: Guide, info: Any, *, example_id: str = "", ctx: StepContext | None = None
+    ) -> InstanceOutput:
+        self.guide = guide
+        rollout = await run_rollout(agent, guide, Example(x, info, id=example_id), min_score=self.min_score)
+        return await self._propose(rollout, ctx)
+
+    async def aupdate(self, outputs: Sequence[InstanceOutput], ctx: StepContext | None = None) -> StepOutcome:
+        if self.guide is None:
+            raise ValueError("update() needs the guide given to forward(); call forward() first")
+        ctx = ctx or StepContext(step=0, epoch=0, guide=self.guide, stepsize=self.stepsize,
+                                 min_score=self.min_score, verbose=False)
+        rollouts = [o.rollout for o in outputs]
+        proposals = [p for o in outputs for p in o.proposals]
+        score = mean_score(rollouts)
+        candidates = await self._aggregate(proposals, ctx)
+        usable = [c for c in candidates if c.update]
+        if not usable:
+            note = "no candidate: " + _why_none(proposals, candidates)
+            ctx.record("decision", candidate_id=None, accepted=None, reason=note)
+            return StepOutcome(score=score, note=note)
+        batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
+        vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
+                                 min_score=ctx.min_score, concurrency=self.concurrency,
+                                 improvement_threshold=self.improvement_threshold)
+        decisions = [await self._validate(vctx, c, ctx) for c in usable]
+        accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
+        if not accepted:
+            best = max(decisions, key=lambda d: -1e9 if d.candidate_score is None else d.candidate_score)
+            return StepOutcome(score=score, accepted=False, candidate_score=best.candidate_score, note=best.reason)
+        decision, winner = max(accepted, key=lambda pair: -1e9 if pair[0].candidate_score is None
+                               else pair[0].candidate_score)
+        self.agent.apply(winner.update)
+        ctx.record("applied", candidate_id=winner.candidate_id, update=winner.update)
+        return StepOutcome(score=score, accepted=True, candidate_score=decision.candidate_score,
+                           update=winner.update, note=decision.reason)
+
+    # The step -----------------------------------------------------------------------
+
+    async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
+        self.guide = guide
+        self.stepsize = kwargs.get("stepsize", 0.5)
+        self.min_score = kwargs.get("min_score")
+        self._gate = asyncio.Semaphore(self.concurrency)
+        return await super().atrain(guide, train_dataset, **kwargs)
+
+    atrain.__doc__ = Minibatch.atrain.__doc__
+
+    async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
+        rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
+                                      concurrency=self.concurrency)
+        for rollout in rollouts:
+            ctx.record("rollout", phase="train", candidate_id=None, **_rollout_record(rollout))
+        outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
+        return await self.aupdate(outputs, ctx)
+
+    async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:
+        if rollout.failed:
+            return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
+        gate = self._gate or asyncio.Semaphore(1)
+        try:
+            async with gate:
+                proposals = await self.optimizer.propose(self.agent.parameters(), rollout)
+        except BudgetExceeded:
+            raise
+        except LLMError as exc:
+            logger.warning("optimizer failed on %s: %s", rollout.example_id, exc)
+            if ctx:
+                ctx.record("proposal_error", instance_id=rollout.example_id, error=str(exc))
+            return InstanceOutput(rollout=rollout, error=f"optimizer: {exc}")
+        for proposal in proposals:
+            if ctx:
+                ctx.record("proposal", **proposal.model_dump(mode="json"))
+                if ctx.verbose:
+                    _show("optimizer", proposal.prompt_messages, proposal.raw_response)
+        return InstanceOutput(rollout=rollout, proposals=proposals)
+
+    async def _aggregate(self, proposals: list[Proposal], ctx: StepContext) -> list[Candidate]:
+        try:
+            candidates = await self.aggregator.aggregate(self.agent.parameters(), proposals, ctx.stepsize)
+        except BudgetExceeded:
+            raise
+        except LLMError as exc:
+            logger.warning("step %d: aggregator failed, no update: %s", ctx.step, exc)
+            ctx.record("aggregate_error", error=str(exc))
+            return []
+        for candidate in candidates:
+            for group in candidate.groups if candidate.sample_index == 0 else []:
+                ctx.record("candidate", final=False, **group.model_dump(mode="json", exclude={"groups"}))
+            ctx.record("candidate", final=True, **candidate.model_dump(mode="json", exclude={"groups"}))
+            if ctx.verbose:
+                _show("aggregator", candidate.prompt_messages, candidate.raw_response)
+        return candidates
+
+    async def _validate(self, vctx: ValidationContext, candidate: Candidate, ctx: StepContext) -> Decision:
+        decision = await self.validation.decide(vctx, candidate.candidate_id, self.to_param_dict(candidate.update))
+        for rollout in decision.rollouts:
+            ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **_rollout_record(rollout))
+        ctx.record("decision", **decision.model_dump(mode="json"), validation=self.validation.name)
+        return decision
+
+
+def _rollout_record(rollout: Rollout) -> dict[str, Any]:
+    record = rollout.model_dump(mode="json")
+    record["instance_id"] = record.pop("example_id")
+    return record
+
+
+def _why_none(proposals: Sequence[Proposal], candidates: Sequence[Candidate]) -> str:
+    if not any(p.update for p in proposals):
+        return "no proposal carried an update"
+    if candidates and all(c.terminate for c in candidates):
+        return "the aggregator asked for no change (TERMINATE)"
+    errors = {c.error for c in candidates if c.error}
+    return "; ".join(sorted(errors)) or "the aggregator produced no usable update"
+
+
+def _show(role: str, messages: list[dict[str, Any]], reply: str) -> None:
+    """verbose=True: print what was sent and received."""
+    print(f"----- {role} prompt -----")
+    for message in messages:
+        print(f"[{message['role']}]\n{message['content']}")
+    print(f"----- {role} reply -----\n{reply}\n")

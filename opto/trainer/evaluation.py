@@ -1,0 +1,77 @@
+"""Evaluating an agent on a dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from .._async import run_sync
+from ..agent import Agent
+from ..data import load_dataset
+from ..guides import Guide
+from ..parameters import Parameter
+from ..rollout import Rollout, mean_score, run_rollouts
+
+__all__ = ["EvalResult", "aevaluate", "evaluate"]
+
+
+class EvalResult(BaseModel):
+    """Scores of one evaluation. `mean` and `std` skip unjudged (None) scores; `n_failed`
+    counts examples whose agent or guide raised."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    n_failed: int
+    scores: list[float | None]
+    outputs: list[Any]
+    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+
+    @classmethod
+    def from_rollouts(cls, rollouts: list[Rollout]) -> EvalResult:
+        scores = [r.score for r in rollouts]
+        judged = [s for s in scores if s is not None]
+        return cls(
+            mean=mean_score(rollouts),
+            std=float(np.std(judged)) if judged else None,
+            n=len(rollouts),
+            n_failed=sum(r.failed for r in rollouts),
+            scores=scores,
+            outputs=[r.output for r in rollouts],
+            rollouts=rollouts,
+        )
+
+
+async def aevaluate(
+    agent: Agent,
+    guide: Guide,
+    dataset: Any,
+    *,
+    concurrency: int = 16,
+    values: Mapping[Parameter, Any] | None = None,
+    min_score: float | None = None,
+) -> EvalResult:
+    """Run and judge `agent` on every example of `dataset`, `concurrency` at a time."""
+    examples = load_dataset(dataset)
+    rollouts = await run_rollouts(
+        agent, guide, examples, values=values, min_score=min_score, concurrency=concurrency
+    )
+    return EvalResult.from_rollouts(rollouts)
+
+
+def evaluate(
+    agent: Agent,
+    guide: Guide,
+    dataset: Any,
+    *,
+    concurrency: int = 16,
+    values: Mapping[Parameter, Any] | None = None,
+    min_score: float | None = None,
+) -> EvalResult:
+    """Synchronous `aevaluate` (also works inside a running event loop)."""
+    return run_sync(
+        aevaluate(agent, guide, dataset, concurrency=concurrency, values=values, min_score=min_score)
+    )

@@ -1,0 +1,288 @@
+"""`Minibatch`: the generic training loop (batches, epochs, evaluation, checkpoints)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from .._async import run_sync
+from ..agent import Agent
+from ..data import DataLoader, Example, load_dataset
+from ..guides import Guide
+from ..ledger import Checkpoint, RunDir
+from ..llm.errors import BudgetExceeded
+from ..llm.usage import UsageStats, meter_usage
+from .evaluation import aevaluate
+
+__all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
+
+logger = logging.getLogger(__name__)
+
+# Settings a resumed run must share with the run it continues.
+_RESUME_KEYS = ("batch_size", "seed", "shuffle", "num_examples")
+
+
+class StepContext(BaseModel):
+    """What one step needs besides its batch."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    step: int
+    epoch: int
+    guide: Guide
+    stepsize: float
+    min_score: float | None
+    verbose: bool
+    run: RunDir | None = None
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self.run is not None:
+            self.run.record(kind, self.step, **fields)
+
+
+class StepOutcome(BaseModel):
+    """The result of one step: the batch score under the current values and the decision.
+
+    `accepted` is None when no candidate update was made (nothing proposed, no change
+    asked for, or nothing usable in the aggregator's reply).
+    """
+
+    score: float | None = None
+    accepted: bool | None = None
+    candidate_score: float | None = None
+    update: dict[str, Any] = Field(default_factory=dict)
+    note: str = ""
+
+
+class TrainResult(BaseModel):
+    """What a `train` call did: scores, decisions, usage and the final values.
+
+    `test_scores` are `(step, mean)` pairs, step 0 being before any update.
+    `stopped_reason` is None for a run that finished, else why it stopped early.
+    """
+
+    train_scores: list[float | None] = Field(default_factory=list)
+    test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
+    steps: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    no_update: int = 0
+    usage: UsageStats = Field(default_factory=UsageStats)
+    usage_by_model: dict[str, UsageStats] = Field(default_factory=dict)
+    final_parameters: dict[str, Any] = Field(default_factory=dict)
+    stopped_reason: str | None = None
+    run_dir: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def initial_test_score(self) -> float | None:
+        return self.test_scores[0][1] if self.test_scores else None
+
+    @property
+    def final_test_score(self) -> float | None:
+        return self.test_scores[-1][1] if self.test_scores else None
+
+    @property
+    def cost_usd(self) -> float:
+        return self.usage.cost_usd
+
+
+def _merge_usage(*parts: dict[str, UsageStats]) -> dict[str, UsageStats]:
+    merged: dict[str, UsageStats] = {}
+    for part in parts:
+        for name, stats in part.items():
+            merged[name] = merged.get(name, UsageStats()) + stats
+    return merged
+
+
+class Minibatch:
+    """The training loop; subclasses define `step(batch, ctx) -> StepOutcome`.
+
+    Args:
+        agent: the agent whose parameters are trained.
+        concurrency: agent runs (and LLM calls the trainer starts) at once.
+    """
+
+    def __init__(self, agent: Agent, *, concurrency: int = 16) -> None:
+        if not isinstance(agent, Agent):
+            raise TypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.agent = agent
+        self.concurrency = concurrency
+        if not agent.parameters(trainable_only=True):
+            raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
+
+    async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
+        raise NotImplementedError
+
+    def train(self, guide: Guide, train_dataset: Any, **kwargs: Any) -> TrainResult:
+        """Synchronous `atrain`; also works inside a running event loop (Jupyter)."""
+        return run_sync(self.atrain(guide, train_dataset, **kwargs))
+
+    async def atrain(
+        self,
+        guide: Guide,
+        train_dataset: Any,
+        *,
+        stepsize: float = 0.5,
+        num_epochs: int = 1,
+        batch_size: int = 1,
+        test_dataset: Any = None,
+        eval_frequency: int | None = 1,
+        log_frequency: int | None = None,
+        min_score: float | None = None,
+        verbose: bool = False,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        progress: bool = True,
+    ) -> TrainResult:
+        """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
+
+        `test_dataset` is evaluated at the start, every `eval_frequency` steps and at the
+        end. With `run_dir`, the ledger, metrics and a checkpoint after every step are
+        written there, and `resume=True` continues from the last completed step. A
+        `BudgetExceeded` stops the run cleanly after saving what was done.
+        """
+        if not hasattr(guide, "aget_feedback"):
+            raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
+        if not 0.0 <= stepsize <= 1.0:
+            raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
+        if num_epochs < 0:
+            raise ValueError(f"num_epochs must be >= 0, got {num_epochs}")
+        if eval_frequency is not None and eval_frequency < 1:
+            raise ValueError(f"eval_frequency must be >= 1 or None, got {eval_frequency}")
+        if log_frequency is not None and log_frequency < 1:
+            raise ValueError(f"log_frequency must be >= 1 or None, got {log_frequency}")
+        started = time.monotonic()
+        loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        test = load_dataset(test_dataset) if test_dataset is not None else None
+        config = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle,
+                  "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs}
+        run = RunDir(run_dir) if run_dir is not None else None
+        state = self._start_state(run, resume, loader, config)
+        prior_usage = dict(state.usage)
+
+        bar = tqdm(total=num_epochs * len(loader), initial=state.step, disable=not progress,
+                   desc=type(self).__name__, unit="step")
+        stopped: str | None = None
+        with meter_usage() as meter:
+            try:
+                if test is not None and state.step == 0 and not state.test_scores:
+                    state.test_scores.append((0, await self._evaluate(guide, test, min_score)))
+                for epoch, _, batch in loader.iter_batches(num_epochs):
+                    ctx = StepContext(step=state.step + 1, epoch=epoch, guide=guide, stepsize=stepsize,
+                                      min_score=min_score, verbose=verbose, run=run)
+                    outcome = await self.step(batch, ctx)
+                    self._account(state, ctx, outcome, loader)
+                    if test is not None and eval_frequency and state.step % eval_frequency == 0:
+                        state.test_scores.append((state.step, await self._evaluate(guide, test, min_score)))
+                    state.usage = _merge_usage(prior_usage, meter.by_model)
+                    self._save(run, state, outcome, started)
+                    bar.update(1)
+                    bar.set_postfix(score=_fmt(outcome.score), accepted=f"{state.accepted}/{state.step}")
+                    if log_frequency and state.step % log_frequency == 0:
+                        logger.info("step %d epoch %d score %s accepted %d rejected %d", state.step, epoch,
+                                    _fmt(outcome.score), state.accepted, state.rejected)
+                if test is not None and (not state.test_scores or state.test_scores[-1][0] != state.step):
+                    state.test_scores.append((state.step, await self._evaluate(guide, test, min_score)))
+                state.finished = True
+            except BudgetExceeded as exc:
+                stopped = f"budget exceeded: {exc}"
+                logger.warning("training stopped after step %d: %s", state.step, stopped)
+            finally:
+                bar.close()
+                state.usage = _merge_usage(prior_usage, meter.by_model)
+                if run is not None:
+                    run.flush()  # whatever the unfinished step recorded is kept for audit
+                    run.save_checkpoint(state)
+        return self._result(state, stopped, run, started)
+
+    def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
+        if run is None:
+            if resume:
+                raise ValueError("resume=True needs run_dir: the folder of the run to continue")
+            return Checkpoint(config=config)
+        saved = run.load_checkpoint()
+        if saved is None:
+            if resume:
+                logger.info("nothing to resume in %s; starting a new run", run.path)
+            run.reset()
+            return Checkpoint(config=config)
+        if not resume:
+            raise ValueError(
+                f"{run.path} already holds a run (step {saved.step}); pass resume=True to continue it, "
+                "or choose another run_dir"
+            )
+        for key in _RESUME_KEYS:
+            if saved.config.get(key) != config[key]:
+                raise ValueError(
+                    f"cannot resume {run.path}: it was started with {key}={saved.config.get(key)!r}, "
+                    f"this call has {key}={config[key]!r}"
+                )
+        self.agent.apply(saved.parameters)
+        loader.load_state_dict(saved.loader_state) if saved.loader_state else None
+        run.discard_after(saved.step)
+        saved.finished = False
+        saved.config = config
+        logger.info("resuming %s after step %d", run.path, saved.step)
+        return saved
+
+    async def _evaluate(self, guide: Guide, test: list[Example], min_score: float | None) -> float | None:
+        result = await aevaluate(self.agent, guide, test, concurrency=self.concurrency, min_score=min_score)
+        return result.mean
+
+    def _account(self, state: Checkpoint, ctx: StepContext, outcome: StepOutcome, loader: DataLoader) -> None:
+        state.step, state.epoch = ctx.step, ctx.epoch
+        state.train_scores.append(outcome.score)
+        if outcome.accepted is True:
+            state.accepted += 1
+        elif outcome.accepted is False:
+            state.rejected += 1
+        else:
+            state.no_update += 1
+        state.loader_state = loader.state_dict()
+        state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+
+    @staticmethod
+    def _save(run: RunDir | None, state: Checkpoint, outcome: StepOutcome, started: float) -> None:
+        if run is None:
+            return
+        total = sum(state.usage.values(), UsageStats())
+        run.flush()
+        run.log_metrics({
+            "step": state.step, "epoch": state.epoch, "score": outcome.score, "accepted": outcome.accepted,
+            "candidate_score": outcome.candidate_score,
+            "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step else None,
+            "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
+            "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
+        })
+        run.save_checkpoint(state)
+
+    def _result(self, state: Checkpoint, stopped: str | None, run: RunDir | None, started: float) -> TrainResult:
+        return TrainResult(
+            train_scores=state.train_scores,
+            test_scores=state.test_scores,
+            steps=state.step,
+            accepted=state.accepted,
+            rejected=state.rejected,
+            no_update=state.no_update,
+            usage=sum(state.usage.values(), UsageStats()),
+            usage_by_model=state.usage,
+            final_parameters={p.name: p.stored_value for p in self.agent.parameters()},
+            stopped_reason=stopped,
+            run_dir=str(run.path) if run else None,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+
+def _fmt(score: float | None) -> str:
+    return "n/a" if score is None else f"{score:.3f}"

@@ -1,0 +1,127 @@
+"""Validation policies: decide whether a candidate update is accepted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..agent import Agent
+from ..data import Example, load_dataset
+from ..guides import Guide
+from ..rollout import Rollout, mean_score, run_rollouts
+
+__all__ = ["Decision", "DatasetValidation", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
+
+
+class Decision(BaseModel):
+    """The verdict on one candidate, with the scores it was based on."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    candidate_id: str
+    accepted: bool
+    current_score: float | None = None
+    candidate_score: float | None = None
+    reason: str = ""
+    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+
+
+class ValidationContext(BaseModel):
+    """What a policy may use: the agent and guide, the step's batch and its rollouts."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    agent: Agent
+    guide: Guide
+    batch: list[Example]
+    current_rollouts: list[Rollout]
+    min_score: float | None = None
+    concurrency: int = 16
+    improvement_threshold: float = 0.0
+
+
+class Validation:
+    """Base class: `decide` scores a candidate update against the current values."""
+
+    name = "custom"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        raise NotImplementedError
+
+    @staticmethod
+    def compare(candidate_id: str, current: float | None, candidate: float | None, threshold: float,
+                rollouts: list[Rollout]) -> Decision:
+        """Accept only a strict improvement over current + threshold (a tie is rejected)."""
+        if candidate is None:
+            reason, accepted = "the candidate could not be scored", False
+        elif current is None:
+            reason, accepted = "the current values could not be scored; the scored candidate wins", True
+        else:
+            accepted = candidate > current + threshold
+            relation = ">" if accepted else "<="
+            reason = f"{candidate:.4f} {relation} {current:.4f} + {threshold}"
+        return Decision(candidate_id=candidate_id, accepted=accepted, current_score=current,
+                        candidate_score=candidate, reason=reason, rollouts=rollouts)
+
+
+class NoValidation(Validation):
+    """Accept every candidate."""
+
+    name = "none"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        return Decision(candidate_id=candidate_id, accepted=True, current_score=mean_score(ctx.current_rollouts),
+                        reason="validation='none' accepts every candidate")
+
+
+class MinibatchValidation(Validation):
+    """Re-run the step's batch with the candidate; the current scores are reused."""
+
+    name = "minibatch"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        rollouts = await run_rollouts(ctx.agent, ctx.guide, ctx.batch, values=update,
+                                      min_score=ctx.min_score, concurrency=ctx.concurrency)
+        return self.compare(candidate_id, mean_score(ctx.current_rollouts), mean_score(rollouts),
+                            ctx.improvement_threshold, rollouts)
+
+
+class DatasetValidation(Validation):
+    """Compare candidate and current values on a fixed validation dataset.
+
+    The current values' score is computed once per distinct set of values and reused.
+    """
+
+    name = "dataset"
+
+    def __init__(self, dataset: Any) -> None:
+        self.examples: list[Example] = load_dataset(dataset)
+        self._current: dict[str, float | None] = {}
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        params = ctx.agent.parameters()
+        key = json.dumps({p.name: p.value for p in params}, sort_keys=True, default=str)
+        if key not in self._current:
+            current = await run_rollouts(ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score,
+                                         concurrency=ctx.concurrency)
+            self._current[key] = mean_score(current)
+        rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update,
+                                      min_score=ctx.min_score, concurrency=ctx.concurrency)
+        return self.compare(candidate_id, self._current[key], mean_score(rollouts),
+                            ctx.improvement_threshold, rollouts)
+
+
+def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
+    """"minibatch", "none", a `Validation`, or a dataset (anything `load_dataset` reads)."""
+    if isinstance(spec, Validation):
+        return spec
+    if spec == "minibatch":
+        return MinibatchValidation()
+    if spec == "none":
+        return NoValidation()
+    if isinstance(spec, str) and not spec.endswith(".jsonl"):
+        raise ValueError(f"validation must be 'minibatch', 'none', a dataset or a Validation; got {spec!r}")
+    return DatasetValidation(spec)

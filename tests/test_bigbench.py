@@ -1,0 +1,98 @@
+"""Tests of the shipped BIG-bench tasks."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from opto.data import Example, load_dataset
+from opto.datasets import SPLIT_FRACTIONS, bigbench, bigbench_tasks
+
+TASKS = ["object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects"]
+SIZES = {"object_counting": 1000, "word_sorting": 1900, "sports_understanding": 1000, "logical_deduction_three_objects": 300}
+
+
+def test_task_list() -> None:
+    assert bigbench_tasks() == TASKS
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_loads_with_answers(task: str) -> None:
+    examples = bigbench(task, split="all")
+    assert len(examples) == SIZES[task]
+    assert all(isinstance(e, Example) for e in examples)
+    assert all(isinstance(e.x, str) and e.x for e in examples)
+    assert all(isinstance(e.info, list) and e.info and all(isinstance(a, str) and a for a in e.info) for e in examples)
+    assert [e.id for e in examples] == [f"{task}-{i}" for i in range(SIZES[task])]
+    assert load_dataset(examples) == examples  # valid for the data layer: unique ids, no malformed row
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_splits_are_disjoint_and_cover_the_task(task: str) -> None:
+    splits = {name: [e.id for e in bigbench(task, split=name, seed=3)] for name in SPLIT_FRACTIONS}
+    ids = [i for name in splits for i in splits[name]]
+    assert len(ids) == len(set(ids)) == SIZES[task]
+    assert set(ids) == {e.id for e in bigbench(task, split="all")}
+    assert len(splits["train"]) == SIZES[task] // 2
+    assert len(splits["validation"]) == SIZES[task] // 4
+
+
+def test_splits_depend_on_the_seed_only() -> None:
+    assert bigbench("object_counting", seed=1) == bigbench("object_counting", seed=1)
+    assert bigbench("object_counting", seed=1) != bigbench("object_counting", seed=2)
+
+
+def test_object_counting_info_lists_word_and_digits() -> None:
+    examples = {e.id: e for e in bigbench("object_counting", split="all")}
+    first = examples["object_counting-0"]
+    assert first.x == "I have a clarinet, a violin, and a flute. How many musical instruments do I have?"
+    assert first.info == ["three", "3"]
+
+
+def test_word_sorting_input_has_the_instruction_and_target_is_one_string() -> None:
+    example = bigbench("word_sorting", split="all", n=1)[0]
+    assert example.x == "Sort the following words alphabetically:\nList: stick gelatine"
+    assert example.info == ["gelatine stick"]
+
+
+def test_multiple_choice_inputs_list_the_options_and_info_is_the_correct_one() -> None:
+    sports = bigbench("sports_understanding", split="all", n=1)[0]
+    assert sports.x.startswith("Determine whether the following statement")
+    assert "Statement: Jamal Murray was perfect from the line" in sports.x
+    assert sports.x.endswith("Options:\n- plausible\n- implausible")
+    assert sports.info == ["plausible"]
+
+    deduction = bigbench("logical_deduction_three_objects", split="all")[1]
+    assert "On a shelf, there are three books" in deduction.x
+    assert "- The black book is the second from the left." in deduction.x
+    assert deduction.info == ["The orange book is the second from the left."]
+
+
+def test_n_takes_the_first_examples_of_the_split() -> None:
+    train = bigbench("sports_understanding", split="train", seed=4)
+    assert bigbench("sports_understanding", split="train", n=10, seed=4) == train[:10]
+    assert bigbench("sports_understanding", split="train", n=0) == []
+    assert len(bigbench("logical_deduction_three_objects", split="test", n=10_000)) == 75
+
+
+def test_unknown_task_lists_the_shipped_ones() -> None:
+    with pytest.raises(ValueError, match="unknown BIG-bench task 'date_understanding'.*object_counting.*word_sorting"):
+        bigbench("date_understanding")
+
+
+def test_bad_split_and_n() -> None:
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        bigbench("object_counting", split="dev")
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        bigbench("object_counting", n=-1)
+
+
+def test_shipped_files_keep_the_canary_and_attribution() -> None:
+    folder = resources.files("opto.datasets") / "bigbench_data"
+    for task in TASKS:
+        data = json.loads((folder / f"{task}.json").read_text(encoding="utf-8"))
+        assert "canary GUID" in data["canary"]
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    assert "BIG-bench" in readme and "Apache License 2.0" in readme

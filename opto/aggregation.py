@@ -25,6 +25,7 @@ from .llm.usage import estimate_tokens
 from .optimizers import JSON_MODE, Proposal, reasoning_of
 from .parameters import Parameter
 from .prompting import PromptTemplate
+from .schema import reply_format
 
 __all__ = [
     "Aggregator",
@@ -97,6 +98,10 @@ class Aggregator:
         fan_in: at most this many suggestions in one prompt.
         num_candidates: samples of the final merge; each is validated on its own.
         temperature: sampling temperature (the backend's default when None).
+        structured: ask for a JSON schema built from the parameters (constrained
+            decoding where the backend supports it); False asks for plain JSON mode.
+            A schema leaves no room for TERMINATE: "no change" is then the current
+            values restated, which is dropped as a no-op all the same.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class Aggregator:
         fan_in: int = 8,
         num_candidates: int = 1,
         temperature: float | None = None,
+        structured: bool = True,
     ) -> None:
         if fan_in < 2:
             raise ValueError(f"fan_in must be >= 2, got {fan_in}")
@@ -122,6 +128,12 @@ class Aggregator:
         self.fan_in = fan_in
         self.num_candidates = num_candidates
         self.temperature = temperature
+        self.structured = structured
+
+    def _format(self, params: Sequence[Parameter]) -> dict[str, Any]:
+        if not self.structured:
+            return JSON_MODE
+        return reply_format(params, [f"reasoning_{p.name}" for p in params if p.trainable], "aggregate")
 
     @property
     def system_prompt(self) -> str:
@@ -199,7 +211,8 @@ class Aggregator:
     ) -> list[Candidate]:
         messages = self._messages(params, suggestions, stepsize)
         completion = await self.model.complete(
-            messages, response_format=JSON_MODE, temperature=self.temperature, max_tokens=self.max_tokens, n=n
+            messages, response_format=self._format(params), temperature=self.temperature,
+            max_tokens=self.max_tokens, n=n,
         )
         sources = [src for s in suggestions for src in s.sources]
         candidates = []
@@ -223,7 +236,8 @@ class Aggregator:
             ]
             logger.warning("aggregator reply %s; asking once more", "was truncated" if truncated else "was unreadable")
             retry = await self.model.complete(
-                repair, response_format=JSON_MODE, temperature=self.temperature, max_tokens=self.max_tokens
+                repair, response_format=self._format(params), temperature=self.temperature,
+                max_tokens=self.max_tokens,
             )
             text, truncated, repaired = retry.text, retry.truncated, True
             messages = repair  # the context that produced the text we keep

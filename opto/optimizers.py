@@ -18,6 +18,7 @@ from .llm.base import Model
 from .parameters import Parameter
 from .prompting import PromptTemplate
 from .rollout import Rollout
+from .schema import reply_format
 
 __all__ = ["Optimizer", "Proposal", "reasoning_of"]
 
@@ -55,6 +56,8 @@ class Optimizer:
         num_proposals: samples per instance (n); more than one makes preference data.
         temperature: sampling temperature (the backend's default when None).
         max_tokens: the reply's token limit.
+        structured: ask for a JSON schema built from the parameters (constrained
+            decoding where the backend supports it); False asks for plain JSON mode.
 
     It keeps no state between calls, so any number of `propose` calls run at once.
     """
@@ -67,6 +70,7 @@ class Optimizer:
         num_proposals: int = 1,
         temperature: float | None = None,
         max_tokens: int | None = 2048,
+        structured: bool = True,
     ) -> None:
         if num_proposals < 1:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
@@ -75,6 +79,7 @@ class Optimizer:
         self.num_proposals = num_proposals
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.structured = structured
 
     def build_messages(self, parameters: Sequence[Parameter], instance: Rollout) -> list[dict[str, str]]:
         return self.template.render(
@@ -91,7 +96,7 @@ class Optimizer:
         messages = self.build_messages(parameters, instance)
         completion = await self.model.complete(
             messages,
-            response_format=JSON_MODE,
+            response_format=reply_format(parameters, ["reasoning"], "proposal") if self.structured else JSON_MODE,
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             n=self.num_proposals,

@@ -217,6 +217,10 @@ def assign(values: Mapping[Parameter | str, Any]) -> Iterator[None]:
         elif not isinstance(key, str):
             raise TypeError(f"assign() keys are Parameter objects or names, got {type(key).__name__}")
     merged = dict(current_assignment())
+    names = {key for key in values if isinstance(key, str)}
+    if names:
+        # An inner assignment by name must beat an outer one by object for that name.
+        merged = {k: v for k, v in merged.items() if not (isinstance(k, Parameter) and k.name in names)}
     merged.update(values)
     token = _OVERRIDES.set(merged)
     try:

@@ -119,7 +119,7 @@ class Model(ABC):
             texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing
         )
         if completion.truncated:
-            logger.warning("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
+            logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
         record_call(self.name, messages, completion)
         return completion
 

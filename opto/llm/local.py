@@ -33,6 +33,14 @@ def default_model_path() -> Path:
     return found[0]
 
 
+def _llama_format(response_format: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's json_schema format -> llama-cpp-python's {"type": "json_object", "schema": ...}."""
+    if response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        return {"type": "json_object", "schema": schema} if schema else {"type": "json_object"}
+    return response_format
+
+
 class LocalModel(Model):
     """A GGUF chat model in this process, through llama-cpp-python.
 
@@ -43,7 +51,7 @@ class LocalModel(Model):
         cache, budget, prices: see `Model`.
 
     `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
-    grammar. One llama context is not thread-safe, so calls run one at a time in a
+    grammar; a `json_schema` format constrains it to that schema. One llama context is not thread-safe, so calls run one at a time in a
     dedicated worker thread, and the event loop stays free meanwhile.
     """
 
@@ -91,7 +99,7 @@ class LocalModel(Model):
     ) -> Completion:
         kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
         if response_format is not None:
-            kwargs["response_format"] = response_format
+            kwargs["response_format"] = _llama_format(response_format)
         if temperature is not None:
             kwargs["temperature"] = temperature
         loop = asyncio.get_running_loop()

@@ -97,7 +97,8 @@ class OpenAIModel(Model):
         self._loop = BackgroundLoop(f"opto-openai-{model}")
         self._client: openai.AsyncOpenAI | None = None
         self._semaphore: asyncio.Semaphore | None = None
-        self._json_mode = True  # cleared when the server rejects response_format
+        # Formats this server rejected: json_schema falls back to json_object, then to none.
+        self._rejected_formats: set[str] = set()
         self._finalizer = weakref.finalize(self, self._loop.stop)
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
@@ -142,8 +143,7 @@ class OpenAIModel(Model):
         last_error: BaseException | None = None
         attempt = 0
         while attempt <= self.max_retries:
-            if not self._json_mode:
-                params.pop("response_format", None)
+            _downgrade_format(params, self._rejected_formats)
             delay: float | None = None
             try:
                 handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
@@ -153,10 +153,12 @@ class OpenAIModel(Model):
                 self._limits.record_actual(handle, completion.usage.total_tokens)
                 return completion
             except openai.BadRequestError as exc:
-                if "response_format" in params and self._json_mode:
-                    # Many compatible servers reject JSON mode: retry once without it.
-                    logger.warning("%s rejected response_format (%s); retrying without it", self.name, exc.message)
-                    self._json_mode = False
+                kind = (params.get("response_format") or {}).get("type")
+                if kind and kind not in self._rejected_formats:
+                    # Many compatible servers reject a schema or JSON mode: step down, once per kind.
+                    logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
+                                   exc.message)
+                    self._rejected_formats.add(kind)
                     continue
                 raise LLMRequestError(f"{self.name}: request rejected: {exc.message}", exc.status_code) from exc
             except (*_TRANSIENT, _MalformedReply) as exc:
@@ -208,6 +210,16 @@ class OpenAIModel(Model):
             client, self._client = self._client, None
             self._loop.run_sync(client.close(), timeout=10)
         self._loop.stop()
+
+
+def _downgrade_format(params: dict[str, Any], rejected: set[str]) -> None:
+    """Replace a response_format the server rejected by the next weaker one."""
+    kind = (params.get("response_format") or {}).get("type")
+    if kind == "json_schema" and kind in rejected:
+        params["response_format"] = {"type": "json_object"}
+        kind = "json_object"
+    if kind == "json_object" and kind in rejected:
+        params.pop("response_format")
 
 
 def _describe(error: BaseException | None) -> str:

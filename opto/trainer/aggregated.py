@@ -20,6 +20,7 @@ from ..optimizers import Optimizer, Proposal
 from ..parameters import Parameter
 from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
 from .minibatch import Minibatch, StepContext, StepOutcome
+from .proposal_scoring import check_score_proposals, score_proposals
 from .validation import Decision, Validation, ValidationContext, make_validation
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
@@ -50,6 +51,8 @@ class AggregatedUpdate(Minibatch):
         validation: "minibatch" (re-run the batch with the candidate), "none" (always
             accept), a dataset to validate on, or a `Validation` object.
         improvement_threshold: a candidate must beat the current mean by more than this.
+        score_proposals: None, or "instance" / "minibatch": also score each proposal's update
+            on its own (see `opto.trainer.proposal_scoring`), for preference data.
     """
 
     def __init__(
@@ -63,12 +66,14 @@ class AggregatedUpdate(Minibatch):
         concurrency: int = 16,
         validation: str | Validation | Any = "minibatch",
         improvement_threshold: float = 0.0,
+        score_proposals: str | None = None,
     ) -> None:
         super().__init__(agent, concurrency=concurrency)
         self.optimizer = optimizer
         self.aggregator = aggregator or Aggregator(llm or optimizer.model, max_tokens=max_tokens)
         self.validation = make_validation(validation)
         self.improvement_threshold = improvement_threshold
+        self.score_proposals = check_score_proposals(score_proposals)
         self.aggregator_system_prompt = self.aggregator.system_prompt
         # Used by forward()/update() when called outside train().
         self.stepsize = 0.5
@@ -144,6 +149,10 @@ class AggregatedUpdate(Minibatch):
         for rollout in rollouts:
             ctx.record("rollout", phase="train", candidate_id=None, **_rollout_record(rollout))
         outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
+        if self.score_proposals:
+            await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts,
+                                  [p for o in outputs for p in o.proposals], ctx=ctx, min_score=ctx.min_score,
+                                  concurrency=self.concurrency)
         return await self.aupdate(outputs, ctx)
 
     async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:

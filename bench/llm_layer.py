@@ -1,0 +1,79 @@
+"""Benchmark of the model layer's concurrency: OpenAIModel against the offline fake server.
+
+64 chat calls go through `OpenAIModel` to `FakeOpenAIServer` (200 ms latency per request)
+at several `max_concurrency` settings. With perfect concurrency the wall time is
+ceil(64 / c) x 0.2 s; the overhead column is how far the model layer (private event
+loop, semaphore, openai client, connection pool) and the fake server are from that.
+
+    python bench/llm_layer.py
+    python bench/llm_layer.py --calls 128 --latency 0.1 --concurrency 1 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import platform
+import sys
+import time
+
+from opto.llm import OpenAIModel
+from opto.testing import FakeOpenAIServer
+
+MESSAGES = [{"role": "user", "content": "How many objects are in the box?"}]
+
+
+async def _run_calls(model: OpenAIModel, calls: int) -> None:
+    completions = await asyncio.gather(*(model.complete(MESSAGES) for _ in range(calls)))
+    assert all(c.text for c in completions)
+
+
+def measure(concurrency: int, calls: int, latency: float) -> dict[str, float]:
+    """Wall time of `calls` calls at `max_concurrency=concurrency`, with a fresh server and model."""
+    with FakeOpenAIServer(latency=0.0) as server:
+        model = OpenAIModel("bench-model", base_url=server.base_url, api_key="bench", max_concurrency=concurrency)
+        try:
+            # Warm-up: start the private loop and the client outside the timed part.
+            asyncio.run(model.complete([{"role": "user", "content": "warm-up"}]))
+            server.latency = latency
+            start = time.perf_counter()
+            asyncio.run(_run_calls(model, calls))
+            wall = time.perf_counter() - start
+        finally:
+            model.close()
+        peak = server.peak_in_flight
+        received = len(server.chat_requests) - 1
+    if received != calls:
+        raise RuntimeError(f"the server received {received} requests, expected {calls}")
+    ideal = math.ceil(calls / concurrency) * latency
+    return {"concurrency": concurrency, "wall": wall, "ideal": ideal, "overhead": (wall / ideal - 1) * 100, "peak": peak}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=64)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds per request at the server")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 64])
+    args = parser.parse_args(argv)
+
+    print(
+        f"{args.calls} calls, {args.latency * 1000:.0f} ms server latency; "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}"
+    )
+    header = f"{'concurrency':>11} | {'wall (s)':>8} | {'ideal (s)':>9} | {'overhead':>8} | {'server peak in flight':>21}"
+    print(header)
+    print("-" * len(header))
+    for concurrency in args.concurrency:
+        row = measure(concurrency, args.calls, args.latency)
+        print(
+            f"{row['concurrency']:>11} | {row['wall']:>8.2f} | {row['ideal']:>9.2f} | "
+            f"{row['overhead']:>7.1f}% | {row['peak']:>21}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

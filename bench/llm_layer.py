@@ -6,7 +6,7 @@ ceil(64 / c) x 0.2 s; the overhead column is how far the model layer (private ev
 loop, semaphore, openai client, connection pool) and the fake server are from that.
 
     python bench/llm_layer.py
-    python bench/llm_layer.py --calls 128 --latency 0.1 --concurrency 1 16
+    python bench/llm_layer.py --calls 128 --latency 0.1 --concurrency 1 16 --repeat 5
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def measure(concurrency: int, calls: int, latency: float) -> dict[str, float]:
     with FakeOpenAIServer(latency=0.0) as server:
         model = OpenAIModel("bench-model", base_url=server.base_url, api_key="bench", max_concurrency=concurrency)
         try:
-            # Warm-up: start the private loop and the client outside the timed part.
-            asyncio.run(model.complete([{"role": "user", "content": "warm-up"}]))
+            # Warm-up outside the timed part, at no latency: starts the private loop and the
+            # client and opens `concurrency` keep-alive connections, so what is timed is the
+            # steady state of the layer, not TCP handshakes.
+            asyncio.run(_run_calls(model, concurrency))
             server.latency = latency
             start = time.perf_counter()
             asyncio.run(_run_calls(model, calls))
@@ -44,11 +46,17 @@ def measure(concurrency: int, calls: int, latency: float) -> dict[str, float]:
         finally:
             model.close()
         peak = server.peak_in_flight
-        received = len(server.chat_requests) - 1
+        received = len(server.chat_requests) - concurrency
     if received != calls:
         raise RuntimeError(f"the server received {received} requests, expected {calls}")
     ideal = math.ceil(calls / concurrency) * latency
     return {"concurrency": concurrency, "wall": wall, "ideal": ideal, "overhead": (wall / ideal - 1) * 100, "peak": peak}
+
+
+def measure_median(concurrency: int, calls: int, latency: float, repeat: int) -> dict[str, float]:
+    """The run with the median wall time out of `repeat`."""
+    runs = sorted((measure(concurrency, calls, latency) for _ in range(repeat)), key=lambda row: row["wall"])
+    return runs[len(runs) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,17 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=64)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per request at the server")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 64])
+    parser.add_argument("--repeat", type=int, default=1, help="runs per setting; the median is shown")
     args = parser.parse_args(argv)
 
     print(
-        f"{args.calls} calls, {args.latency * 1000:.0f} ms server latency; "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.platform()}"
+        f"{args.calls} calls, {args.latency * 1000:.0f} ms server latency, median of {args.repeat}; "
+        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     header = f"{'concurrency':>11} | {'wall (s)':>8} | {'ideal (s)':>9} | {'overhead':>8} | {'server peak in flight':>21}"
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
-        row = measure(concurrency, args.calls, args.latency)
+        row = measure_median(concurrency, args.calls, args.latency, args.repeat)
         print(
             f"{row['concurrency']:>11} | {row['wall']:>8.2f} | {row['ideal']:>9.2f} | "
             f"{row['overhead']:>7.1f}% | {row['peak']:>21}",

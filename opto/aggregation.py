@@ -154,19 +154,8 @@ class Aggregator:
         while len(suggestions) > 1 and not self._fits(trainable, suggestions, stepsize):
             level += 1
             batches = self._partition(trainable, suggestions, stepsize)
-            results = await gather_all(self._merge(trainable, batch, stepsize, 1, level) for batch in batches)
-            merged = [c for result in results for c in result]
-            groups.extend(merged)
-            suggestions = [
-                _Suggestion(
-                    update=c.update,
-                    reasoning=c.reasoning,
-                    support=sum(s.support for s in batch),
-                    sources=[src for s in batch for src in s.sources],
-                )
-                for c, batch in zip(merged, batches)
-                if c.update
-            ]
+            merged = await gather_all(self._merge_group(trainable, batch, stepsize, level, groups) for batch in batches)
+            suggestions = [s for s in merged if s is not None]
             logger.info("aggregation level %d: %d groups -> %d suggestions", level, len(batches), len(suggestions))
             if not suggestions:
                 return []
@@ -194,17 +183,36 @@ class Aggregator:
     def _partition(
         self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float
     ) -> list[list[_Suggestion]]:
-        """Greedy groups under both bounds; never single items, so every level shrinks."""
+        """Greedy groups within both bounds; a group of one passes to the next level as is."""
         batches: list[list[_Suggestion]] = [[]]
         for suggestion in suggestions:
             batch = batches[-1]
-            if len(batch) >= 2 and not self._fits(params, [*batch, suggestion], stepsize):
+            if batch and not self._fits(params, [*batch, suggestion], stepsize):
                 batches.append([suggestion])
             else:
                 batch.append(suggestion)
-        if len(batches) > 1 and len(batches[-1]) == 1:
-            batches[-2].extend(batches.pop())
+        if len(batches) == len(suggestions):
+            # Every suggestion alone is over the token bound: pair them so each level shrinks.
+            batches = [list(suggestions[i : i + 2]) for i in range(0, len(suggestions), 2)]
         return batches
+
+    async def _merge_group(
+        self, params: Sequence[Parameter], batch: list[_Suggestion], stepsize: float, level: int,
+        groups: list[Candidate],
+    ) -> _Suggestion | None:
+        """One intermediate merge (recorded in `groups`); None when it gave no update."""
+        if len(batch) == 1:
+            return batch[0]
+        candidate = (await self._merge(params, batch, stepsize, 1, level))[0]
+        groups.append(candidate)
+        if not candidate.update:
+            return None
+        return _Suggestion(
+            update=candidate.update,
+            reasoning=candidate.reasoning,
+            support=sum(s.support for s in batch),
+            sources=[src for s in batch for src in s.sources],
+        )
 
     async def _merge(
         self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float, n: int, level: int

@@ -39,6 +39,140 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .preference import PreferencePairBuilder, export_run
+
+    builder = PreferencePairBuilder(min_score_diff=args.min_score_diff, max_pairs_per_turn=args.max_pairs_per_turn,
+                                    exhaustive_pairs=not args.best_vs_worst)
+    report = export_run(args.run_dir, args.out, source=args.source, format=args.format,
+                        validation_fraction=args.validation_fraction, seed=args.seed, builder=builder)
+    print(f"wrote {report.records} {report.format} records to {report.out}")
+    if report.validation_out is not None:
+        print(f"wrote {report.validation_records} {report.format} records to {report.validation_out} (validation)")
+    stats = report.stats
+    print(f"turns: {stats.turns}  candidates: {stats.candidates}  "
+          f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
+          f"skipped turns (single candidate): {stats.turns_skipped_single_candidate}  "
+          f"skipped pairs (difference < {args.min_score_diff} or tie): {stats.pairs_skipped_small_diff}")
+    if stats.by_source:
+        print("by source: " + ", ".join(f"{name} {count}" for name, count in sorted(stats.by_source.items())))
+    if report.unused:
+        print("not used: " + ", ".join(f"{count} {reason}" for reason, count in report.unused.items()))
+    return 0
+
+
+def _hyperparameters(items: Sequence[str] | None) -> dict[str, object]:
+    import json
+
+    values: dict[str, object] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--hyperparameter takes KEY=VALUE (e.g. n_epochs=2), got {item!r}")
+        try:
+            values[key] = json.loads(raw)
+        except ValueError:
+            values[key] = raw  # e.g. auto
+    return values
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ._io import atomic_write_json
+    from .finetune import OpenAIFineTuneAdapter, TRLAdapter, TrainingJobStatus
+
+    def show(status: TrainingJobStatus) -> int:
+        progress = "" if status.progress is None else f" {100 * status.progress:.0f}%"
+        print(f"job {status.job_id}: {status.status}{progress}" + (f" - {status.message}" if status.message else ""))
+        if status.fine_tuned_model and status.succeeded:
+            print(f"fine-tuned model: {status.fine_tuned_model}")
+        return 1 if status.status in ("failed", "cancelled") else 0
+
+    if args.backend == "trl":
+        if not args.output_dir:
+            raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
+        adapter: OpenAIFineTuneAdapter | TRLAdapter = TRLAdapter(
+            args.model or "", output_dir=args.output_dir, **({"max_steps": args.max_steps} if args.max_steps else {}),
+            config=_hyperparameters(args.hyperparameter))
+    else:
+        if args.action == "submit" and not args.model:
+            raise ValueError("submit needs --model, the base model to fine-tune")
+        adapter = OpenAIFineTuneAdapter(args.model or "unknown", method=args.method, base_url=args.base_url,
+                                        hyperparameters=_hyperparameters(args.hyperparameter), suffix=args.suffix,
+                                        seed=args.seed)
+
+    async def run() -> int:
+        if args.action == "submit":
+            ref = await adapter.submit(args.target, validation_dataset=args.validation_file)
+            print(f"submitted job {ref.job_id} ({adapter.backend}, {ref.method}, base model {ref.base_model})")
+            if args.state:
+                state = adapter.state_dict() if isinstance(adapter, OpenAIFineTuneAdapter) else ref.model_dump()
+                atomic_write_json(args.state, state)
+                print(f"saved the adapter state to {args.state}")
+            if not (args.wait or args.backend == "trl"):
+                return show(await adapter.status(ref))
+            return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval,
+                                                          timeout=args.timeout))
+        if args.action == "status":
+            return show(await adapter.status(args.target))
+        if args.action == "wait":
+            return show(await adapter.wait_until_complete(args.target, poll_interval=args.poll_interval,
+                                                          timeout=args.timeout))
+        return show(await adapter.cancel(args.target))
+
+    return asyncio.run(run())
+
+
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser("export", help="turn a run's ledger into preference (or supervised) data")
+    export.add_argument("run_dir", help="the run directory (holding ledger.jsonl)")
+    export.add_argument("--source", choices=["optimizer", "aggregator", "agent", "all"], default="all",
+                        help="which turns to use (default all)")
+    export.add_argument("--format", choices=["openai-dpo", "openai-sft", "trl", "trl-chat", "nemo"],
+                        default="openai-dpo", help="the output format (default openai-dpo)")
+    export.add_argument("--out", required=True, help="the JSONL file to write")
+    export.add_argument("--validation-fraction", type=float, default=0.0,
+                        help="share of examples written to OUT's .validation.jsonl twin (default 0)")
+    export.add_argument("--min-score-diff", type=float, default=0.0,
+                        help="smallest score difference that makes a pair (default 0: any strict win)")
+    export.add_argument("--max-pairs-per-turn", type=int, default=None, help="keep the N widest pairs per turn")
+    export.add_argument("--best-vs-worst", action="store_true", help="one pair per turn instead of every pair")
+    export.add_argument("--seed", type=int, default=0, help="the split's seed (default 0)")
+    export.set_defaults(handler=_export)
+
+
+def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
+    finetune = commands.add_parser("finetune", help="send exported data to a fine-tuning backend and follow the job")
+    actions = finetune.add_subparsers(dest="action", required=True)
+    for action, help_text, target in (
+        ("submit", "validate and upload a file, start a job", "the JSONL file (from opto export)"),
+        ("status", "show a job's state", "the job id"),
+        ("wait", "wait until a job finishes", "the job id"),
+        ("cancel", "cancel a job", "the job id"),
+    ):
+        sub = actions.add_parser(action, help=help_text)
+        sub.add_argument("target", help=target)
+        sub.add_argument("--backend", choices=["openai", "trl"], default="openai",
+                         help="openai: any OpenAI-compatible fine-tuning API (default); trl: local DPO")
+        sub.add_argument("--base-url", help="OpenAI-compatible API root (default OPENAI_BASE_URL, then OpenAI); "
+                         "the key is read from OPENAI_API_KEY")
+        sub.add_argument("--output-dir", help="trl: where job folders are")
+        sub.add_argument("--poll-interval", type=float, default=10.0, help="seconds between status checks")
+        sub.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+        sub.add_argument("--model", help="submit: the base model (openai: its name; trl: a model folder)")
+        sub.add_argument("--method", choices=["dpo", "supervised"], default="dpo", help="openai: the method")
+        sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
+                         help="openai: e.g. n_epochs=2, beta=0.1; trl: any DPOConfig setting (repeatable)")
+        sub.add_argument("--suffix", help="openai: added to the tuned model's name")
+        sub.add_argument("--seed", type=int, default=None, help="openai: the job's seed")
+        sub.add_argument("--validation-file", help="submit: a validation JSONL file")
+        sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
+        sub.add_argument("--wait", action="store_true", help="submit: wait until the job finishes")
+        sub.add_argument("--state", help="submit: save the adapter state (no key) to this JSON file")
+        sub.set_defaults(handler=_finetune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opto", description="Optimize the text parameters of LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -56,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--run-dir", help="where to write the run (default runs/demo-<time>)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
+    _add_export_parser(commands)
+    _add_finetune_parser(commands)
     return parser
 
 

@@ -10,6 +10,7 @@ thing that writes stored values.
 from __future__ import annotations
 
 import contextlib
+import copy
 import contextvars
 import json
 import math
@@ -133,14 +134,19 @@ class Parameter:
 
     @property
     def value(self) -> Any:
-        """The value seen by the current task: an assigned override, else the stored value."""
+        """The value seen by the current task: an assigned override, else the stored value.
+
+        A list or dict is returned as a copy, so agent code that mutates it cannot change
+        the stored value (accepting an update is the only write).
+        """
         overrides = _OVERRIDES.get()
+        value = self._value
         if overrides:
             if self in overrides:
-                return overrides[self]
-            if self.name is not None and self.name in overrides:
-                return overrides[self.name]
-        return self._value
+                value = overrides[self]
+            elif self.name is not None and self.name in overrides:
+                value = overrides[self.name]
+        return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
     @value.setter
     def value(self, new_value: Any) -> None:

@@ -74,12 +74,6 @@ async def test_prompt_shows_current_values_as_suggestion_0_and_proposals_with_st
     assert candidate.raw_response == reply({"prompt": "Merged prompt."})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (prompts/aggregator.user.j2): `{{ s.update | json }}` on a dict resolves to the dict's "
-    ".update method, so the prompt shows '<built-in method update ...>' instead of the suggested values; "
-    "use `s['update']`",
-)
 async def test_prompt_shows_each_suggested_update_as_json_once():
     model = ScriptedModel([reply({"k": 5})])
     proposals = [proposal({"prompt": "Think step by step."}), proposal({"k": 5}), proposal({"k": 5})]
@@ -88,6 +82,13 @@ async def test_prompt_shows_each_suggested_update_as_json_once():
     assert "built-in method" not in text
     assert '"prompt": "Think step by step."' in text
     assert text.count('"k": 5') == 1
+
+
+async def test_plain_json_mode_when_not_structured():
+    model = ScriptedModel(["not json", reply({"k": 4})])
+    [candidate] = await Aggregator(model, structured=False).aggregate(params(), [proposal({"k": 4})], 0.5)
+    assert [r["response_format"] for r in model.requests] == [{"type": "json_object"}] * 2  # repair too
+    assert candidate.update == {"k": 4}
 
 
 async def test_stepsize_changes_the_confidences():
@@ -247,11 +248,6 @@ def merging_model():
     return ScriptedModel(respond)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (opto/aggregation.py Aggregator._partition): a trailing single suggestion is appended to the "
-    "previous group, so with fan_in=2 and 5 suggestions one prompt holds 3 suggestions (over fan_in)",
-)
 async def test_fan_in_bounds_every_prompt_and_merges_in_groups():
     model = merging_model()
     proposals = [proposal({"k": k}, f"k={k}") for k in (4, 5, 6, 7, 8)]

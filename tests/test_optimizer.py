@@ -81,6 +81,13 @@ async def test_json_mode_is_requested_with_the_settings():
     assert request["temperature"] == 0.7 and request["max_tokens"] == 321 and request["n"] == 1
 
 
+async def test_plain_json_mode_when_not_structured():
+    model = ScriptedModel([json.dumps({"suggestion": {"k": 4}})])
+    [proposal] = await Optimizer(model, structured=False).propose(params(), rollout())
+    assert model.requests[0]["response_format"] == {"type": "json_object"}
+    assert proposal.update == {"k": 4}
+
+
 async def test_a_readable_reply_becomes_a_checked_proposal():
     text = json.dumps({"reasoning": "Ask for a number.",
                        "suggestion": {"system_prompt": "Answer with a number.", "k": "5", "style": "changed",

@@ -131,7 +131,7 @@ class LocalModel(Model):
             raise LLMError(f"{self.name}: {exc}") from exc
 
     async def aclose(self) -> None:
-        self.close()
+        await asyncio.to_thread(self.close)  # close() waits for a running call: keep the loop free
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)

@@ -154,11 +154,13 @@ class OpenAIModel(Model):
                 return completion
             except openai.BadRequestError as exc:
                 kind = (params.get("response_format") or {}).get("type")
-                if kind and kind not in self._rejected_formats:
-                    # Many compatible servers reject a schema or JSON mode: step down, once per kind.
-                    logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
-                                   exc.message)
-                    self._rejected_formats.add(kind)
+                if kind and _about_response_format(exc):
+                    # Many compatible servers reject a schema or JSON mode: step down. A request
+                    # sent before a concurrent one recorded the rejection steps down too.
+                    if kind not in self._rejected_formats:
+                        logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
+                                       exc.message)
+                        self._rejected_formats.add(kind)
                     continue
                 raise LLMRequestError(f"{self.name}: request rejected: {exc.message}", exc.status_code) from exc
             except (*_TRANSIENT, _MalformedReply) as exc:
@@ -218,8 +220,17 @@ def _downgrade_format(params: dict[str, Any], rejected: set[str]) -> None:
     if kind == "json_schema" and kind in rejected:
         params["response_format"] = {"type": "json_object"}
         kind = "json_object"
-    if kind == "json_object" and kind in rejected:
+    if kind is not None and kind in rejected:
         params.pop("response_format")
+
+
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "json mode", "structured output")
+
+
+def _about_response_format(exc: openai.BadRequestError) -> bool:
+    """Whether a 400 is about the response format (not, say, a prompt over the context length)."""
+    text = f"{exc.param or ''} {exc.message}".lower()
+    return any(word in text for word in _FORMAT_WORDS)
 
 
 def _describe(error: BaseException | None) -> str:

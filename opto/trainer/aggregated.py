@@ -79,7 +79,9 @@ class AggregatedUpdate(Minibatch):
         self.stepsize = 0.5
         self.min_score: float | None = None
         self.guide: Guide | None = None
-        self._gate: asyncio.Semaphore | None = None
+        # Limits concurrent optimizer calls; one per event loop, since a semaphore is bound
+        # to the loop it first waits in (train() and a user's aforward() may use different loops).
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     # Trace-compatible names -------------------------------------------------------------
 
@@ -138,7 +140,6 @@ class AggregatedUpdate(Minibatch):
         self.guide = guide
         self.stepsize = kwargs.get("stepsize", 0.5)
         self.min_score = kwargs.get("min_score")
-        self._gate = asyncio.Semaphore(self.concurrency)
         return await super().atrain(guide, train_dataset, **kwargs)
 
     atrain.__doc__ = Minibatch.atrain.__doc__
@@ -158,7 +159,7 @@ class AggregatedUpdate(Minibatch):
     async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:
         if rollout.failed:
             return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
-        gate = self._gate or asyncio.Semaphore(1)
+        gate = self._loop_gate()
         try:
             async with gate:
                 proposals = await self.optimizer.propose(self.agent.parameters(), rollout)
@@ -175,6 +176,12 @@ class AggregatedUpdate(Minibatch):
                 if ctx.verbose:
                     _show("optimizer", proposal.prompt_messages, proposal.raw_response)
         return InstanceOutput(rollout=rollout, proposals=proposals)
+
+    def _loop_gate(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self.concurrency))
+        return self._gate[1]
 
     async def _aggregate(self, proposals: list[Proposal], ctx: StepContext) -> list[Candidate]:
         try:

@@ -16,10 +16,10 @@ record (``proposal_id``, ``instance_id``, ``score``, ``mode``, ``num_rollouts``,
 A proposal that asks for no change (a readable reply whose values all equal the current
 ones, or TERMINATE) is not re-run: the current values' score on the same examples, already
 known from the step's rollouts, is its score. A proposal with an empty update for any other
-reason (unreadable reply, every value invalid) is not scored: ``score: null`` and a note. Identical updates made for the same
-examples are run once and share the score. This costs one agent run (plus judging) per
-proposal and instance ("instance") or per proposal and batch example ("minibatch"); it
-only pays off with ``num_proposals > 1``.
+reason (unreadable reply, every value invalid) is not scored: ``score: null`` and a note.
+Identical updates made for the same examples are run once and share the score. This costs
+one agent run (plus judging) per proposal and instance ("instance") or per proposal and
+batch example ("minibatch"); it only pays off with ``num_proposals > 1``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -108,7 +108,7 @@ async def score_proposals(
 
     async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
         async with gate:
-            return await run_rollouts(agent, guide, examples, values=agent.resolve(update),
+            return await run_rollouts(agent, guide, examples, values=agent.resolve(cast(Mapping[Any, Any], update)),
                                       min_score=min_score, concurrency=concurrency)
 
     def examples_for(proposal: Proposal) -> list[Example]:
@@ -118,7 +118,8 @@ async def score_proposals(
         return [example] if example is not None else []
 
     async def one(proposal: Proposal) -> tuple[ProposalScore, list[Rollout]]:
-        base = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id, "mode": mode}
+        base: dict[str, Any] = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id,
+                                "mode": mode}
         examples = examples_for(proposal)
         if not examples:
             return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []

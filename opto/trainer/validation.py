@@ -52,19 +52,29 @@ class Validation:
         raise NotImplementedError
 
     @staticmethod
-    def compare(candidate_id: str, current: float | None, candidate: float | None, threshold: float,
-                rollouts: list[Rollout]) -> Decision:
-        """Accept only a strict improvement over current + threshold (a tie is rejected)."""
-        if candidate is None:
+    def compare(candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
+                ) -> Decision:
+        """Accept only a strict improvement over current + threshold (a tie is rejected).
+
+        A candidate under which more examples fail (the agent or guide raised) is
+        rejected whatever its mean: with `min_score=None` failures are left out of
+        means, and a candidate must not win by breaking the examples it cannot do.
+        """
+        current_score, candidate_score = mean_score(current), mean_score(candidate)
+        current_failed, candidate_failed = sum(r.failed for r in current), sum(r.failed for r in candidate)
+        if candidate_failed > current_failed:
+            reason, accepted = f"the candidate failed on {candidate_failed} examples, the current values on " \
+                f"{current_failed}", False
+        elif candidate_score is None:
             reason, accepted = "the candidate could not be scored", False
-        elif current is None:
+        elif current_score is None:
             reason, accepted = "the current values could not be scored; the scored candidate wins", True
         else:
-            accepted = candidate > current + threshold
+            accepted = candidate_score > current_score + threshold
             relation = ">" if accepted else "<="
-            reason = f"{candidate:.4f} {relation} {current:.4f} + {threshold}"
-        return Decision(candidate_id=candidate_id, accepted=accepted, current_score=current,
-                        candidate_score=candidate, reason=reason, rollouts=rollouts)
+            reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
+        return Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
+                        candidate_score=candidate_score, reason=reason, rollouts=list(candidate))
 
 
 class NoValidation(Validation):
@@ -85,8 +95,7 @@ class MinibatchValidation(Validation):
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         rollouts = await run_rollouts(ctx.agent, ctx.guide, ctx.batch, values=update,
                                       min_score=ctx.min_score, concurrency=ctx.concurrency)
-        return self.compare(candidate_id, mean_score(ctx.current_rollouts), mean_score(rollouts),
-                            ctx.improvement_threshold, rollouts)
+        return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
 
 
 class DatasetValidation(Validation):
@@ -99,19 +108,17 @@ class DatasetValidation(Validation):
 
     def __init__(self, dataset: Any) -> None:
         self.examples: list[Example] = load_dataset(dataset)
-        self._current: dict[str, float | None] = {}
+        self._current: dict[str, list[Rollout]] = {}
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         params = ctx.agent.parameters()
         key = json.dumps({p.name: p.value for p in params}, sort_keys=True, default=str)
         if key not in self._current:
-            current = await run_rollouts(ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score,
-                                         concurrency=ctx.concurrency)
-            self._current[key] = mean_score(current)
+            self._current[key] = await run_rollouts(ctx.agent, ctx.guide, self.examples,
+                                                    min_score=ctx.min_score, concurrency=ctx.concurrency)
         rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update,
                                       min_score=ctx.min_score, concurrency=ctx.concurrency)
-        return self.compare(candidate_id, self._current[key], mean_score(rollouts),
-                            ctx.improvement_threshold, rollouts)
+        return self.compare(candidate_id, self._current[key], rollouts, ctx.improvement_threshold)
 
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:

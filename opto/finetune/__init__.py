@@ -1,0 +1,47 @@
+"""Fine-tuning backends: send preference (or supervised) data to a trainer, get a model.
+
+`TrainerAdapter` is the protocol: `initialize()`, `is_healthy()`, `submit(dataset)`,
+`status(ref)`, `cancel(ref)` and `wait_until_complete(ref, poll_interval, timeout)`, all
+async. From sync code run each with `asyncio.run(...)`::
+
+    import asyncio
+    from opto.finetune import OpenAIFineTuneAdapter
+
+    adapter = OpenAIFineTuneAdapter("gpt-4.1-mini-2025-04-14", method="dpo")
+    ref = asyncio.run(adapter.submit("pairs.jsonl"))
+    final = asyncio.run(adapter.wait_until_complete(ref, poll_interval=30))
+    if final.succeeded:
+        adapter.switch_models(final, agent_model)   # an OpenAIModel now uses the tuned model
+
+Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint) and
+`TRLAdapter` (local DPO with TRL; needs the ``opto[trl]`` extra).
+"""
+
+from .base import (
+    JOB_STATES,
+    TERMINAL_STATES,
+    FineTuneError,
+    FineTuneRefused,
+    FineTuneTimeout,
+    JobState,
+    TrainerAdapter,
+    TrainingJobRef,
+    TrainingJobStatus,
+)
+from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
+from .trl_adapter import TRLAdapter
+
+__all__ = [
+    "JOB_STATES",
+    "TERMINAL_STATES",
+    "FineTuneError",
+    "FineTuneRefused",
+    "FineTuneTimeout",
+    "JobState",
+    "OpenAIFineTuneAdapter",
+    "OpenAIFineTuneState",
+    "TRLAdapter",
+    "TrainerAdapter",
+    "TrainingJobRef",
+    "TrainingJobStatus",
+]

@@ -1,0 +1,56 @@
+"""Preference data from training runs: turns -> pairs -> JSONL for a fine-tuning backend.
+
+Every training run's ledger records what was proposed, how it scored and what was
+accepted. This package reads it back as *turns* (one prompt, several scored responses;
+see `opto.preference.turns` for the three sources: optimizer, aggregator, agent), makes
+preference pairs with `PreferencePairBuilder`, and writes them in the format a backend
+takes (`get_writer`): OpenAI DPO or supervised, TRL standard or conversational, NeMo
+Customizer. `export_run` does all of it; `opto export` is its command line::
+
+    from opto.preference import export_run
+    report = export_run("runs/demo", "pairs.jsonl", source="all", format="openai-dpo")
+"""
+
+from .export import ExportReport, export_run, validation_path
+from .pairs import BuilderStats, PreferencePair, PreferencePairBuilder, SupervisedExample
+from .schemas import FORMATS, DatasetFormatError, validate_jsonl, validate_record
+from .split import train_validation_split
+from .turns import SOURCES, Turn, TurnCandidate, TurnReading, read_turns
+from .writers import (
+    NeMoWriter,
+    OpenAIDPOWriter,
+    OpenAISFTWriter,
+    TRLChatWriter,
+    TRLWriter,
+    Writer,
+    get_writer,
+    render_prompt_text,
+)
+
+__all__ = [
+    "FORMATS",
+    "SOURCES",
+    "BuilderStats",
+    "DatasetFormatError",
+    "ExportReport",
+    "NeMoWriter",
+    "OpenAIDPOWriter",
+    "OpenAISFTWriter",
+    "PreferencePair",
+    "PreferencePairBuilder",
+    "SupervisedExample",
+    "TRLChatWriter",
+    "TRLWriter",
+    "Turn",
+    "TurnCandidate",
+    "TurnReading",
+    "Writer",
+    "export_run",
+    "get_writer",
+    "read_turns",
+    "render_prompt_text",
+    "train_validation_split",
+    "validate_jsonl",
+    "validate_record",
+    "validation_path",
+]

@@ -1,0 +1,93 @@
+"""One call from a run directory to a fine-tuning file: read turns, build, split, write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .pairs import BuilderStats, PreferencePairBuilder
+from .split import train_validation_split
+from .turns import read_turns
+from .writers import get_writer
+
+__all__ = ["ExportReport", "export_run", "validation_path"]
+
+
+class ExportReport(BaseModel):
+    """What `export_run` wrote."""
+
+    run_dir: str
+    source: str
+    format: str
+    out: str
+    records: int
+    validation_out: str | None = None
+    validation_records: int = 0
+    stats: BuilderStats = Field(default_factory=BuilderStats)
+    unused: dict[str, int] = Field(default_factory=dict)
+
+
+def validation_path(out: str | Path) -> Path:
+    """Where the validation split of `out` goes: ``pairs.jsonl`` -> ``pairs.validation.jsonl``."""
+    out = Path(out)
+    suffix = out.suffix or ".jsonl"
+    return out.with_name(f"{out.stem if out.suffix else out.name}.validation{suffix}")
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    source: str = "all",
+    format: str = "openai-dpo",
+    validation_fraction: float = 0.0,
+    seed: int = 0,
+    builder: PreferencePairBuilder | None = None,
+) -> ExportReport:
+    """Export the preference data of a run to `out` (and its validation split).
+
+    Args:
+        run_dir: a training run's directory (holding ledger.jsonl).
+        out: the JSONL file to write.
+        source: "optimizer", "aggregator", "agent" or "all".
+        format: "openai-dpo", "openai-sft", "trl", "trl-chat" or "nemo".
+        validation_fraction: the share of examples written to `validation_path(out)`.
+        seed: the split's seed.
+        builder: the pair builder (default settings when None).
+
+    Raises `ValueError` when nothing can be exported, saying why.
+    """
+    writer = get_writer(format)
+    builder = builder or PreferencePairBuilder()
+    reading = read_turns(run_dir, source)
+    items: list[Any]
+    items = builder.best_responses(reading.turns) if writer.kind == "supervised" else builder.build(reading.turns)
+    if not items:
+        raise ValueError(_nothing_exported(run_dir, source, builder.stats, reading.unscored))
+    train, validation = train_validation_split(items, validation_fraction, seed=seed)
+    report = ExportReport(run_dir=str(run_dir), source=source, format=format, out=str(out),
+                          records=writer.write(train, out), stats=builder.stats, unused=reading.unscored)
+    if validation_fraction > 0:
+        target = validation_path(out)
+        report.validation_out = str(target)
+        report.validation_records = writer.write(validation, target)
+    return report
+
+
+def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unused: dict[str, int]) -> str:
+    hints = []
+    if stats.turns == 0:
+        hints.append("no scored turns were found")
+    if unused:
+        hints.append("unused: " + ", ".join(f"{count} {reason}" for reason, count in unused.items()))
+    if source in ("optimizer", "all") and any(reason.startswith("optimizer") for reason in unused):
+        hints.append("optimizer turns need AggregatedUpdate(..., score_proposals='instance') and num_proposals > 1")
+    if stats.turns_skipped_single_candidate:
+        hints.append("every turn had a single candidate: use Optimizer(num_proposals=2) or "
+                     "Aggregator(num_candidates=2)")
+    if stats.pairs_skipped_small_diff:
+        hints.append("candidates tied or differed by less than --min-score-diff")
+    return f"no preference data could be exported from {run_dir} (source {source}): {stats.summary()}" + (
+        "; " + "; ".join(hints) if hints else "")

@@ -1,0 +1,232 @@
+"""The record schemas of the export formats, as pydantic models, and file validation.
+
+Every writer validates each record against its model before writing, and the fine-tuning
+adapters validate a file with `validate_jsonl` before uploading it, so a malformed file is
+caught here, with its line number, not by a remote job an hour later.
+
+Formats:
+
+- ``openai-dpo``: ``{"input": {"messages": [...]}, "preferred_output": [assistant],
+  "non_preferred_output": [assistant]}`` (OpenAI preference fine-tuning).
+- ``openai-sft``: ``{"messages": [..., assistant]}`` (OpenAI supervised fine-tuning).
+- ``trl``: ``{"prompt": str, "chosen": str, "rejected": str}`` (TRL standard preference).
+- ``trl-chat``: ``{"prompt": [messages], "chosen": [assistant], "rejected": [assistant]}``
+  (TRL conversational preference with an explicit prompt).
+- ``nemo``: ``{"prompt": str | [messages], "chosen_response": str, "rejected_response": str}``
+  (NVIDIA NeMo Customizer DPO).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "FORMATS",
+    "ChatMessage",
+    "DatasetFormatError",
+    "NeMoPreferenceRecord",
+    "OpenAIDPORecord",
+    "OpenAISFTRecord",
+    "TRLChatPreferenceRecord",
+    "TRLPreferenceRecord",
+    "validate_jsonl",
+    "validate_record",
+]
+
+class DatasetFormatError(ValueError):
+    """A record or a file does not follow its format's schema."""
+
+
+class ChatMessage(BaseModel):
+    """A chat message with text content. Extra keys (name, weight, ...) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str
+
+
+class AssistantMessage(ChatMessage):
+    """An assistant reply; its content must not be empty."""
+
+    role: Literal["assistant"]
+
+    @field_validator("content")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("an assistant reply must not be empty")
+        return value
+
+
+def _check_prompt(messages: list[ChatMessage]) -> list[ChatMessage]:
+    if not messages:
+        raise ValueError("the prompt needs at least one message")
+    if messages[-1].role == "assistant":
+        raise ValueError("the prompt must end with a user (or system) message, not an assistant reply")
+    if not any(m.content.strip() for m in messages):
+        raise ValueError("every prompt message is empty")
+    return messages
+
+
+def _differ(chosen: str, rejected: str) -> None:
+    if chosen == rejected:
+        raise ValueError("the preferred and non-preferred responses are identical")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpenAIDPOInput(_Strict):
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    parallel_tool_calls: bool | None = None
+
+    _prompt = field_validator("messages")(_check_prompt)
+
+
+class OpenAIDPORecord(_Strict):
+    """One line of an OpenAI preference (DPO) fine-tuning file."""
+
+    input: OpenAIDPOInput
+    preferred_output: list[AssistantMessage] = Field(min_length=1, max_length=1)
+    non_preferred_output: list[AssistantMessage] = Field(min_length=1, max_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> OpenAIDPORecord:
+        _differ(self.preferred_output[0].content, self.non_preferred_output[0].content)
+        return self
+
+
+class OpenAISFTRecord(_Strict):
+    """One line of an OpenAI supervised fine-tuning file."""
+
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_reply(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if len(messages) < 2:
+            raise ValueError("an example needs at least a prompt message and an assistant reply")
+        if messages[-1].role != "assistant" or not messages[-1].content.strip():
+            raise ValueError("an example must end with a non-empty assistant reply")
+        return messages
+
+
+class TRLPreferenceRecord(_Strict):
+    """TRL's standard preference format (explicit prompt)."""
+
+    prompt: str = Field(min_length=1)
+    chosen: str = Field(min_length=1)
+    rejected: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TRLPreferenceRecord:
+        _differ(self.chosen, self.rejected)
+        return self
+
+
+class TRLChatPreferenceRecord(_Strict):
+    """TRL's conversational preference format (explicit prompt)."""
+
+    prompt: list[ChatMessage]
+    chosen: list[AssistantMessage] = Field(min_length=1, max_length=1)
+    rejected: list[AssistantMessage] = Field(min_length=1, max_length=1)
+
+    _prompt = field_validator("prompt")(_check_prompt)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TRLChatPreferenceRecord:
+        _differ(self.chosen[0].content, self.rejected[0].content)
+        return self
+
+
+class NeMoPreferenceRecord(_Strict):
+    """NeMo Customizer's DPO format."""
+
+    prompt: str | list[ChatMessage]
+    chosen_response: str = Field(min_length=1)
+    rejected_response: str = Field(min_length=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_ok(cls, value: str | list[ChatMessage]) -> str | list[ChatMessage]:
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("the prompt must not be empty")
+            return value
+        return _check_prompt(value)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> NeMoPreferenceRecord:
+        _differ(self.chosen_response, self.rejected_response)
+        return self
+
+
+FORMATS: dict[str, type[BaseModel]] = {
+    "openai-dpo": OpenAIDPORecord,
+    "openai-sft": OpenAISFTRecord,
+    "trl": TRLPreferenceRecord,
+    "trl-chat": TRLChatPreferenceRecord,
+    "nemo": NeMoPreferenceRecord,
+}
+
+
+def _schema(fmt: str) -> type[BaseModel]:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def _explain(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "record"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def validate_record(record: Any, fmt: str) -> None:
+    """Raise `DatasetFormatError` saying what is wrong when `record` does not fit `fmt`."""
+    try:
+        _schema(fmt).model_validate(record)
+    except ValidationError as exc:
+        raise DatasetFormatError(f"not a valid {fmt} record: {_explain(exc)}") from None
+
+
+def validate_jsonl(path: str | Path, fmt: str, *, min_examples: int = 1) -> int:
+    """Check every line of a JSONL file against `fmt`; returns the number of records.
+
+    Raises `DatasetFormatError` naming the first bad line, or when the file holds fewer
+    than `min_examples` records; `FileNotFoundError` when it is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    count = 0
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetFormatError(f"{path}:{number} is not valid JSON: {exc.msg}") from None
+            try:
+                validate_record(record, fmt)
+            except DatasetFormatError as exc:
+                raise DatasetFormatError(f"{path}:{number}: {exc}") from None
+            count += 1
+    if count < min_examples:
+        raise DatasetFormatError(
+            f"{path} holds {count} {fmt} example{'s' if count != 1 else ''}; at least {min_examples} are needed "
+            "(train longer, export more sources with --source all, or lower --min-score-diff)"
+        )
+    return count

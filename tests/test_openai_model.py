@@ -1,0 +1,484 @@
+"""OpenAIModel against the offline FakeOpenAIServer (a real HTTP server on 127.0.0.1).
+
+Retries and Retry-After, the concurrency cap and rate limits as the server sees them,
+response_format fallback, truncation, timeouts, broken replies, budget, cache, event
+loops and API keys. Everything is offline and kept fast: short latencies, timeouts and
+rate-limit windows, and a 10 ms backoff wherever the test is not about the delay itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import opto.llm.openai_model as openai_model_module
+from opto.llm import (
+    Budget,
+    BudgetExceeded,
+    LLMRequestError,
+    LLMUnavailableError,
+    OpenAIModel,
+    ResponseCache,
+    TokenUsage,
+)
+from opto.llm import ratelimit
+from opto.testing import FakeOpenAIServer, FakeReply
+
+pytestmark = pytest.mark.timeout(30)
+
+MSG = [{"role": "user", "content": "How many legs does a spider have?"}]
+ECHO = "echo: How many legs does a spider have?"
+KEY = "sk-test-0123456789abcdefSECRET"
+JSON_MODE = {"type": "json_object"}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def make_model(server: FakeOpenAIServer) -> Iterator[Callable[..., OpenAIModel]]:
+    """Models pointed at `server` with a test key; all closed after the test (before the server stops)."""
+    models: list[OpenAIModel] = []
+
+    def make(name: str = "gpt-test", **kwargs: Any) -> OpenAIModel:
+        kwargs.setdefault("base_url", server.base_url)
+        kwargs.setdefault("api_key", KEY)
+        kwargs.setdefault("timeout", 5.0)
+        model = OpenAIModel(name, **kwargs)
+        models.append(model)
+        return model
+
+    yield make
+    for model in models:
+        model.close()
+
+
+@pytest.fixture(autouse=True)
+def backoff_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Exponential backoff takes 10 ms in these tests; returns the attempts it was asked for."""
+    calls: list[int] = []
+
+    def fast_backoff(attempt: int, *args: Any, **kwargs: Any) -> float:
+        calls.append(attempt)
+        return 0.01
+
+    monkeypatch.setattr(openai_model_module, "backoff_delay", fast_backoff)
+    return calls
+
+
+def arrival_recorder(times: list[float], reply: Any = "ok") -> Callable[[dict[str, Any]], Any]:
+    """A reply callable that notes when each request was answered (latency 0: when it arrived)."""
+
+    def answer(body: dict[str, Any]) -> Any:
+        times.append(time.monotonic())
+        return reply
+
+    return answer
+
+
+# -- plain calls ----------------------------------------------------------------
+
+
+async def test_completion_texts_usage_model_and_n(server, make_model) -> None:
+    server.reply = lambda body: FakeReply(texts=["one", "two", "three"], prompt_tokens=11, completion_tokens=7)
+    model = make_model()
+
+    completion = await model.complete(MSG, n=3, temperature=0.7, max_tokens=50, seed=3)
+
+    assert completion.texts == ["one", "two", "three"]
+    assert completion.usage == TokenUsage(prompt_tokens=11, completion_tokens=7)  # the server's, not estimates
+    assert completion.model == "gpt-test"
+    assert completion.finish_reason == "stop" and not completion.truncated and not completion.cached
+    assert server.chat_requests == [
+        {"model": "gpt-test", "messages": MSG, "temperature": 0.7, "max_tokens": 50, "n": 3, "seed": 3}
+    ]
+    usage = model.usage
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens, usage.cached_calls) == (1, 11, 7, 0)
+
+
+async def test_defaults_send_only_model_and_messages(server, make_model) -> None:
+    completion = await make_model().complete(MSG)
+
+    assert completion.texts == [ECHO]
+    assert server.chat_requests == [{"model": "gpt-test", "messages": MSG}]
+
+
+# -- retries ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", ["retry_after", "retry_after_ms"])
+async def test_429_is_retried_after_the_delay_the_server_asks_for(server, make_model, backoff_calls, header, caplog):
+    server.fail_next(1, status=429, **({"retry_after": 0.3} if header == "retry_after" else {"retry_after_ms": 300}))
+    model = make_model(max_retries=2)
+
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        completion = await model.complete(MSG)
+    elapsed = time.monotonic() - start
+
+    assert completion.text == ECHO
+    assert len(server.chat_requests) == 2
+    assert elapsed >= 0.3  # the Retry-After wait, not the 10 ms backoff
+    assert backoff_calls == []
+    assert "RateLimitError 429" in caplog.text
+    assert KEY not in caplog.text
+
+
+async def test_500_then_success(server, make_model, backoff_calls) -> None:
+    server.fail_next(1, status=500)
+    completion = await make_model(max_retries=2).complete(MSG)
+
+    assert completion.text == ECHO
+    assert len(server.chat_requests) == 2
+    assert backoff_calls == [0]
+
+
+async def test_retries_exhausted_raise_unavailable_with_attempts(server, make_model, backoff_calls) -> None:
+    server.fail_next(3, status=503)
+    model = make_model(max_retries=2)
+
+    with pytest.raises(LLMUnavailableError, match="503") as info:
+        await model.complete(MSG)
+
+    assert info.value.attempts == 3
+    assert len(server.chat_requests) == 3
+    assert backoff_calls == [0, 1]  # exponential backoff between attempts, growing
+    assert model.usage.calls == 0
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+async def test_client_errors_are_not_retried(server, make_model, backoff_calls, status) -> None:
+    server.fail_next(1, status=status)
+
+    with pytest.raises(LLMRequestError) as info:
+        await make_model(max_retries=3).complete(MSG)
+
+    assert info.value.status_code == status
+    assert len(server.chat_requests) == 1
+    assert backoff_calls == []
+
+
+async def test_400_about_something_else_keeps_response_format(server, make_model) -> None:
+    # E.g. a prompt over the context length while JSON mode is on: not a reason to drop JSON mode.
+    server.fail_next(1, status=400, body={"error": {"message": "This model's maximum context length is 8192 tokens.",
+                                                    "type": "invalid_request_error", "param": "messages"}})
+    model = make_model()
+
+    with pytest.raises(LLMRequestError, match="maximum context length"):
+        await model.complete(MSG, response_format=JSON_MODE)
+    assert len(server.chat_requests) == 1
+
+    await model.complete(MSG, response_format=JSON_MODE)
+    assert server.chat_requests[-1]["response_format"] == JSON_MODE
+
+
+async def test_timeout_is_retried(server, make_model) -> None:
+    server.hang_next(1, seconds=5)
+    model = make_model(timeout=0.3, max_retries=1)
+
+    start = time.monotonic()
+    completion = await model.complete(MSG)
+
+    assert completion.text == ECHO
+    assert time.monotonic() - start >= 0.3
+    assert len(server.chat_requests) == 2
+
+
+async def test_timeouts_on_every_attempt_raise_unavailable(server, make_model) -> None:
+    server.hang_next(2, seconds=5)
+
+    with pytest.raises(LLMUnavailableError, match="Timeout") as info:
+        await make_model(timeout=0.3, max_retries=1).complete(MSG)
+
+    assert info.value.attempts == 2
+    assert len(server.chat_requests) == 2
+
+
+async def test_malformed_body_then_success(server, make_model) -> None:
+    server.malformed_next(1)
+    completion = await make_model(max_retries=1).complete(MSG)
+
+    assert completion.text == ECHO
+    assert len(server.chat_requests) == 2
+
+
+async def test_reply_without_choices_is_retried(server, make_model) -> None:
+    empty = {"id": "chatcmpl-empty", "object": "chat.completion", "created": 0, "model": "gpt-test", "choices": []}
+    server.fail_next(1, status=200, body=empty)
+    completion = await make_model(max_retries=1).complete(MSG)
+
+    assert completion.text == ECHO
+    assert len(server.chat_requests) == 2
+
+
+# -- concurrency and rate limits --------------------------------------------------------
+
+
+async def test_concurrency_cap_as_seen_by_the_server(server, make_model) -> None:
+    server.latency = 0.1
+    model = make_model(max_concurrency=4)
+
+    completions = await asyncio.gather(*(model.complete(MSG) for _ in range(20)))
+
+    assert all(c.text == ECHO for c in completions)
+    assert len(server.chat_requests) == 20
+    assert server.peak_in_flight == 4
+
+
+async def test_requests_per_minute_hold_back_the_fourth_request(server, make_model, monkeypatch) -> None:
+    window = 0.5
+    monkeypatch.setattr(ratelimit, "_WINDOW", window)  # before the model (and its limiter) is built
+    arrivals: list[float] = []
+    server.reply = arrival_recorder(arrivals)
+    model = make_model(requests_per_minute=3)
+
+    await asyncio.gather(*(model.complete(MSG) for _ in range(4)))
+
+    arrivals.sort()
+    assert len(arrivals) == 4
+    assert arrivals[2] - arrivals[0] < window  # the first three go at once
+    assert arrivals[3] - arrivals[0] >= 0.8 * window  # the fourth waits for the window to move on
+
+
+async def test_tokens_per_minute_count_the_usage_the_server_reports(server, make_model, monkeypatch) -> None:
+    window = 0.5
+    monkeypatch.setattr(ratelimit, "_WINDOW", window)
+    arrivals: list[float] = []
+    # Each call is estimated at 8 prompt + 20 max_tokens = 28 tokens but really uses 50.
+    server.reply = arrival_recorder(arrivals, FakeReply(texts="ok", prompt_tokens=20, completion_tokens=30))
+    model = make_model(tokens_per_minute=100)
+
+    for _ in range(3):
+        await model.complete(MSG, max_tokens=20)
+
+    # 50 + 28 fits, 100 + 28 does not: the third call waits for the first to leave the window.
+    # (Counting the estimates only, 3 x 28 = 84 would have let it through at once.)
+    assert len(arrivals) == 3
+    assert arrivals[1] - arrivals[0] < window
+    assert arrivals[2] - arrivals[0] >= 0.8 * window
+
+
+# -- response_format fallback and truncation ------------------------------------------------
+
+
+async def test_rejected_json_mode_falls_back_once_and_is_not_sent_again(server, make_model) -> None:
+    server.reject_response_format = True
+    model = make_model()
+
+    completion = await model.complete(MSG, response_format=JSON_MODE)
+
+    assert completion.text == ECHO
+    first, second = server.chat_requests
+    assert first["response_format"] == JSON_MODE
+    assert "response_format" not in second
+
+    await model.complete([{"role": "user", "content": "again"}], response_format=JSON_MODE)
+    assert len(server.chat_requests) == 3
+    assert "response_format" not in server.chat_requests[2]
+
+
+async def test_rejected_json_schema_steps_down_to_json_mode_then_none(server, make_model) -> None:
+    server.reject_response_format = True
+    model = make_model()
+
+    await model.complete(MSG, response_format=SCHEMA)
+
+    sent = [body.get("response_format") for body in server.chat_requests]
+    assert sent == [SCHEMA, JSON_MODE, None]
+
+
+async def test_concurrent_calls_all_fall_back_when_json_mode_is_rejected(server, make_model) -> None:
+    server.reject_response_format = True
+    server.latency = 0.05
+    model = make_model(max_concurrency=4)
+
+    completions = await asyncio.gather(*(model.complete(MSG, response_format=JSON_MODE) for _ in range(4)))
+
+    assert [c.text for c in completions] == [ECHO] * 4
+    accepted = [body for body in server.chat_requests if "response_format" not in body]
+    assert len(accepted) == 4
+
+
+async def test_length_finish_reason_marks_the_completion_truncated(server, make_model) -> None:
+    server.reply = lambda body: FakeReply(texts='{"answer": "eig', finish_reason="length")
+
+    completion = await make_model().complete(MSG, max_tokens=5)
+
+    assert completion.truncated is True
+    assert completion.finish_reason == "length"
+    assert completion.text == '{"answer": "eig'
+
+
+# -- budget and cache ------------------------------------------------------------------------
+
+
+async def test_shared_budget_refuses_the_third_call_before_sending_it(server, make_model) -> None:
+    budget = Budget(max_calls=2)
+    first, second = make_model("model-a", budget=budget), make_model("model-b", budget=budget)
+
+    await first.complete(MSG)
+    await second.complete(MSG)
+    with pytest.raises(BudgetExceeded):
+        await first.complete(MSG)
+
+    assert len(server.chat_requests) == 2
+    assert budget.remaining()["calls"] == 0
+
+
+async def test_failed_call_does_not_use_the_budget(server, make_model) -> None:
+    budget = Budget(max_calls=1)
+    model = make_model(budget=budget, max_retries=0)
+    server.fail_next(1, status=500)
+
+    with pytest.raises(LLMUnavailableError):
+        await model.complete(MSG)
+    await model.complete(MSG)
+
+    assert budget.calls == 1
+    assert len(server.chat_requests) == 2
+
+
+async def test_cache_hit_sends_nothing(server, make_model, tmp_path) -> None:
+    model = make_model(cache=ResponseCache(tmp_path / "cache.sqlite"))
+
+    fresh = await model.complete(MSG)
+    again = await model.complete(MSG)
+
+    assert len(server.chat_requests) == 1
+    assert (fresh.cached, again.cached) == (False, True)
+    assert again.texts == fresh.texts == [ECHO]
+    assert again.usage == TokenUsage()
+    assert (model.usage.calls, model.usage.cached_calls) == (1, 1)
+
+
+async def test_cache_keeps_the_samples_of_a_request_apart(server, make_model, tmp_path) -> None:
+    calls = []
+
+    def reply(body: dict[str, Any]) -> list[str]:
+        calls.append(body)
+        return [f"call {len(calls)} sample {i}" for i in range(body.get("n", 1))]
+
+    server.reply = reply
+    model = make_model(cache=ResponseCache(tmp_path / "cache.sqlite"))
+
+    two = await model.complete(MSG, temperature=1.0, n=2)
+    assert two.texts == ["call 1 sample 0", "call 1 sample 1"]  # two distinct samples, both stored
+
+    again = await model.complete(MSG, temperature=1.0, n=2)
+    assert again.cached and again.texts == two.texts
+    assert len(server.chat_requests) == 1
+
+    assert len(model.cache) == 2  # one entry per sample
+
+    # The key covers the whole request, n included: n=3 is another request, not 2 hits + 1.
+    three = await model.complete(MSG, temperature=1.0, n=3)
+    assert three.texts == ["call 2 sample 0", "call 2 sample 1", "call 2 sample 2"]
+    assert not three.cached
+    assert server.chat_requests[1]["n"] == 3
+
+
+# -- event loops and close ----------------------------------------------------------------------
+
+
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("opto-openai-")]
+
+
+def test_model_works_across_asyncio_run_calls_and_after_close(server, make_model) -> None:
+    model = make_model(max_concurrency=2)
+
+    first = asyncio.run(model.complete(MSG))
+    second = asyncio.run(model.complete([{"role": "user", "content": "second loop"}]))
+    assert (first.text, second.text) == (ECHO, "echo: second loop")
+
+    model.close()
+    assert _loop_threads() == []
+    model.close()  # twice is fine
+
+    async def several() -> list[str]:
+        return [c.text for c in await asyncio.gather(*(model.complete(MSG) for _ in range(4)))]
+
+    assert asyncio.run(several()) == [ECHO] * 4  # a new private loop, client and semaphore
+    assert server.peak_in_flight <= 2
+    assert len(server.chat_requests) == 6
+
+
+def test_aclose_then_reuse(server, make_model) -> None:
+    model = make_model()
+
+    async def call_then_close() -> str:
+        text = (await model.complete(MSG)).text
+        await model.aclose()
+        return text
+
+    assert asyncio.run(call_then_close()) == ECHO
+    assert _loop_threads() == []
+    assert asyncio.run(model.complete(MSG)).text == ECHO
+
+
+# -- API key and construction ---------------------------------------------------------------------
+
+
+def test_no_key_and_no_base_url_is_refused(monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        OpenAIModel("gpt-4o-mini")
+
+
+async def test_key_is_sent_but_never_shown(server, make_model) -> None:
+    model = make_model()
+
+    await model.complete(MSG)
+
+    assert server.requests[-1].headers["authorization"] == f"Bearer {KEY}"
+    assert KEY not in repr(model) and KEY not in str(model)
+
+
+async def test_key_and_base_url_from_the_environment(server, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    model = OpenAIModel("gpt-test")
+    try:
+        assert (await model.complete(MSG)).text == ECHO
+    finally:
+        await model.aclose()
+
+    assert server.requests[-1].headers["authorization"] == "Bearer sk-from-env"
+    assert "sk-from-env" not in repr(model)
+
+
+async def test_local_server_needs_no_key(server, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = OpenAIModel("local-model", base_url=server.base_url)
+    try:
+        assert (await model.complete(MSG)).text == ECHO
+    finally:
+        await model.aclose()
+    assert server.chat_requests[-1]["model"] == "local-model"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"timeout": 0}, "timeout"),
+        ({"requests_per_minute": 0}, "requests_per_minute"),
+        ({"tokens_per_minute": 0}, "tokens_per_minute"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        OpenAIModel("gpt-test", api_key=KEY, base_url="http://127.0.0.1:9/v1", **kwargs)

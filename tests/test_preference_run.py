@@ -1,0 +1,218 @@
+"""End to end: a real training run with num_proposals=2 -> ledger -> preference files.
+
+`make_run` is also used by the fine-tuning tests: it trains a counting agent with
+ScriptedModels (no network), scoring every proposal on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opto import Agent, AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, Parameter, RunDir, ScriptedModel
+from opto.cli import main
+from opto.preference import (
+    PreferencePairBuilder,
+    export_run,
+    read_turns,
+    render_prompt_text,
+    validate_jsonl,
+)
+from opto.trainer.proposal_scoring import check_score_proposals
+
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+GOOD = "Count the items. Reply with digits only."
+BAD = "Count the items and reply in words."
+
+
+class Counter(Agent):
+    """Counts the words after 'Count:'; answers in digits only when its prompt says so."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.prompt = Parameter("Count the items.", description="the system prompt of the counting model")
+
+    async def forward(self, question: str) -> str:
+        reply = await self.model.complete(
+            [{"role": "system", "content": self.prompt.value}, {"role": "user", "content": question}]
+        )
+        return reply.text
+
+
+def _agent_reply(messages: list[dict[str, Any]]) -> str:
+    count = len(messages[-1]["content"].split(":", 1)[1].split())
+    return str(count) if "digits" in messages[0]["content"] else f"{WORDS[count]} items"
+
+
+def _alternating(first: str, second: str) -> Any:
+    """Sample 0 proposes `first`, sample 1 `second` (n=2 samples are drawn in order)."""
+    tick = itertools.count()
+
+    def reply(messages: list[dict[str, Any]]) -> str:
+        value = first if next(tick) % 2 == 0 else second
+        return json.dumps({"reasoning": f"try {value!r}", "suggestion": {"prompt": value}})
+
+    return reply
+
+
+def make_run(run_dir: Path, *, examples: int = 8, score_proposals: str = "instance") -> dict[str, Any]:
+    """Train the counting agent for examples/2 steps into `run_dir`; returns the TrainResult as a dict."""
+    data = [{"x": f"Count: {' '.join(['apple'] * k)}", "info": str(k), "id": f"q{k}"} for k in range(1, examples + 1)]
+    agent = Counter(ScriptedModel(_agent_reply, name="agent-model"))
+    trainer = AggregatedUpdate(
+        agent,
+        Optimizer(ScriptedModel(_alternating(GOOD, BAD), name="optimizer-model"), num_proposals=2),
+        aggregator=Aggregator(ScriptedModel(_alternating(GOOD, "Count the items, explain in words."),
+                                            name="aggregator-model"), num_candidates=2),
+        score_proposals=score_proposals,
+        concurrency=4,
+    )
+    result = trainer.train(ExactMatchGuide(), data, batch_size=2, run_dir=run_dir, progress=False, shuffle=False)
+    return result.model_dump()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("run")
+    result = make_run(path)
+    assert result["accepted"] == 1 and result["final_parameters"] == {"prompt": GOOD}
+    return path
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------- the trainer hook
+
+
+def test_each_proposal_is_scored_and_its_rollouts_recorded(run_dir: Path) -> None:
+    ledger = RunDir(run_dir).ledger()
+    proposals = [r for r in ledger if r["type"] == "proposal"]
+    scores = {r["proposal_id"]: r for r in ledger if r["type"] == "proposal_score"}
+    assert len(proposals) == 16 and set(scores) == {p["proposal_id"] for p in proposals}
+    reruns = [r for r in ledger if r["type"] == "rollout" and r["phase"] == "proposal_validation"]
+    for proposal in proposals:
+        score = scores[proposal["proposal_id"]]
+        assert score["instance_id"] == proposal["instance_id"] and score["mode"] == "instance"
+        mine = [r for r in reruns if r["proposal_id"] == proposal["proposal_id"]]
+        if proposal["update"]:
+            # "instance": the instance the proposal was made for, re-run under its update
+            assert [r["instance_id"] for r in mine] == [proposal["instance_id"]]
+            assert score["score"] == mine[0]["score"] and score["num_rollouts"] == 1
+        else:
+            # no change asked: the current values' score on that instance, nothing re-run
+            train = next(r for r in ledger if r["type"] == "rollout" and r["phase"] == "train"
+                         and r["step"] == proposal["step"] and r["instance_id"] == proposal["instance_id"])
+            assert mine == [] and score["score"] == train["score"] and "no change" in score["note"]
+    good = [scores[p["proposal_id"]]["score"] for p in proposals if p["sample_index"] == 0]
+    bad = [scores[p["proposal_id"]]["score"] for p in proposals if p["sample_index"] == 1]
+    assert good == [1.0] * 8 and bad == [0.0] * 8
+
+
+def test_minibatch_scoring_reruns_the_whole_batch(tmp_path: Path) -> None:
+    make_run(tmp_path, examples=2, score_proposals="minibatch")
+    ledger = RunDir(tmp_path).ledger()
+    reruns = [r for r in ledger if r["type"] == "rollout" and r["phase"] == "proposal_validation"]
+    scored = [r for r in ledger if r["type"] == "proposal_score"]
+    assert len(scored) == 4 and all(s["mode"] == "minibatch" for s in scored)
+    # two distinct updates, each run on both examples (identical updates share one run)
+    assert sorted(r["instance_id"] for r in reruns) == ["q1", "q1", "q2", "q2"]
+    assert all(s["num_rollouts"] == 2 for s in scored)
+
+
+def test_score_proposals_setting_is_checked() -> None:
+    assert check_score_proposals(None) is None and check_score_proposals("instance") == "instance"
+    with pytest.raises(ValueError, match="'instance' or 'minibatch'"):
+        check_score_proposals("all")
+
+
+def test_without_scoring_optimizer_turns_have_no_scores(tmp_path: Path) -> None:
+    data = [{"x": "Count: apple", "info": "1", "id": "q1"}]
+    trainer = AggregatedUpdate(Counter(ScriptedModel(_agent_reply)),
+                               Optimizer(ScriptedModel(_alternating(GOOD, BAD)), num_proposals=2))
+    trainer.train(ExactMatchGuide(), data, run_dir=tmp_path, progress=False)
+    reading = read_turns(tmp_path, "optimizer")
+    assert [len(t.candidates) for t in reading.turns] == [0]
+    assert reading.unscored == {"optimizer: proposal without a score": 2}
+    with pytest.raises(ValueError, match="score_proposals='instance'"):
+        export_run(tmp_path, tmp_path / "out.jsonl", source="optimizer")
+
+
+# ---------------------------------------------------------------------------- the exports
+
+
+def test_openai_dpo_export_of_a_real_run_is_valid(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pairs.jsonl"
+    report = export_run(run_dir, out, source="all", format="openai-dpo")
+    assert report.records == validate_jsonl(out, "openai-dpo", min_examples=10) == report.stats.pairs
+    # one pair per instance from the optimizer and from the agent; the aggregator's
+    # identical prompts of later steps give duplicate pairs, which are dropped
+    assert report.stats.by_source["optimizer"] == report.stats.by_source["agent"] == 8
+    assert report.stats.by_source["aggregator"] >= 2
+    for record in _records(out):
+        assert record["input"]["messages"][-1]["role"] == "user"
+        assert record["preferred_output"][0]["content"] != record["non_preferred_output"][0]["content"]
+
+
+@pytest.mark.parametrize("source", ["optimizer", "aggregator", "agent", "all"])
+def test_every_trl_pair_has_chosen_score_above_rejected(run_dir: Path, tmp_path: Path, source: str) -> None:
+    out = tmp_path / "pairs.jsonl"
+    export_run(run_dir, out, source=source, format="trl", validation_fraction=0.25, seed=3)
+    records = _records(out) + _records(tmp_path / "pairs.validation.jsonl")
+    expected = len(PreferencePairBuilder().build(read_turns(run_dir, source).turns))
+    assert len(records) == expected >= {"optimizer": 8, "aggregator": 2, "agent": 8, "all": 18}[source]
+    # Independent check: look each response up among its turn's scored candidates in the ledger.
+    turns = {render_prompt_text(t.prompt): t for t in read_turns(run_dir, source).turns}
+    for record in records:
+        turn = turns[record["prompt"]]
+        assert _score_in(turn, record["chosen"]) > _score_in(turn, record["rejected"])
+
+
+def _score_in(turn: Any, text: str) -> float:
+    """The mean score of the turn's candidates with this response (identical responses are merged)."""
+    values = [c.score for c in turn.candidates if c.response == text]
+    assert values, f"{text!r} is not a response of turn {turn.turn_id}"
+    return sum(values) / len(values)
+
+
+def test_agent_pairs_teach_what_the_optimized_prompt_taught(run_dir: Path) -> None:
+    pairs = PreferencePairBuilder().build(read_turns(run_dir, "agent").turns)
+    assert len(pairs) == 8
+    for pair in pairs:
+        # the system prompts differ between the runs, so the prompt is the visible input
+        assert [m["role"] for m in pair.prompt] == ["user"]
+        count = len(pair.prompt[0]["content"].split(":", 1)[1].split())
+        assert (pair.chosen, pair.rejected) == (str(count), f"{WORDS[count]} items")
+
+
+def test_cli_export_prints_what_it_wrote_and_the_counts(run_dir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "dpo.jsonl"
+    code = main(["export", str(run_dir), "--source", "all", "--format", "openai-dpo", "--out", str(out),
+                 "--validation-fraction", "0.2", "--min-score-diff", "0.5"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    train, validation = _records(out), _records(tmp_path / "dpo.validation.jsonl")
+    total = len(PreferencePairBuilder().build(read_turns(run_dir).turns))
+    assert len(train) + len(validation) == total and validation
+    assert f"wrote {len(train)} openai-dpo records to {out}" in printed
+    assert "(validation)" in printed and f"pairs: {total}" in printed
+    assert "skipped turns (single candidate): 0" in printed
+
+
+def test_cli_export_explains_an_empty_result(run_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["export", str(run_dir), "--source", "agent", "--out", str(tmp_path / "x.jsonl"),
+                 "--min-score-diff", "2"])
+    assert code == 1 and not (tmp_path / "x.jsonl").exists()
+    assert "differed by less than --min-score-diff" in capsys.readouterr().err
+
+
+def test_export_of_a_missing_run_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no ledger.jsonl"):
+        export_run(tmp_path / "nope", tmp_path / "out.jsonl")

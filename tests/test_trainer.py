@@ -1,0 +1,691 @@
+"""The training loop end to end with scripted models: decisions, failures, run dirs, resume.
+
+The world: an agent whose model answers `2x` for input `x` only when its system prompt
+says "level N" with `x < N`; an exact-match guide; and one scripted "brain" model that
+plays the optimizer and the aggregator, telling which by the system message. The brain
+raises the level by `delta`, so whether a candidate helps depends on the batch.
+"""
+
+import asyncio
+import collections
+import json
+import re
+import signal
+
+import pytest
+
+from opto import (
+    Agent,
+    AggregatedUpdate,
+    Aggregator,
+    Budget,
+    ExactMatchGuide,
+    Feedback,
+    Guide,
+    Optimizer,
+    Parameter,
+    ResponseCache,
+    RunDir,
+    evaluate,
+)
+from opto.llm import LLMError, ScriptedModel
+from opto.trainer import DatasetValidation, InstanceOutput, StepOutcome
+
+OPTIMIZER_SYSTEM = "You improve the parameters"
+AGGREGATOR_SYSTEM = "You merge several suggested updates"
+
+
+def agent_reply(messages):
+    level = int(re.fullmatch(r"level (-?\d+)", messages[0]["content"]).group(1))
+    x = int(messages[1]["content"])
+    return str(2 * x) if x < level else "wrong"
+
+
+class LevelAgent(Agent):
+    def __init__(self, model, level=0, fail_on=()):
+        self.model = model
+        self.system_prompt = Parameter(f"level {level}", description="the agent's system prompt")
+        self.fail_on = set(fail_on)
+
+    async def forward(self, x):
+        if x in self.fail_on:
+            raise RuntimeError(f"agent cannot handle {x}")
+        reply = await self.model.complete(
+            [{"role": "system", "content": self.system_prompt.value}, {"role": "user", "content": str(x)}]
+        )
+        return reply.text
+
+
+def role_of(messages):
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    if system.startswith(OPTIMIZER_SYSTEM):
+        return "optimizer"
+    if system.startswith(AGGREGATOR_SYSTEM):
+        return "aggregator"
+    raise AssertionError(f"unexpected prompt: {messages[0]}")
+
+
+def make_brain(delta=1, optimizer=None, aggregator=None):
+    """A callable for ScriptedModel; `optimizer`/`aggregator` override that role's reply."""
+
+    def respond(messages):
+        role = role_of(messages)
+        text = messages[-1]["content"]
+        if role == "optimizer":
+            if optimizer is not None:
+                return optimizer(messages)
+            level = int(re.search(r'- current value: "level (-?\d+)"', text).group(1))
+            return json.dumps({"reasoning": "raise the level", "suggestion": {"system_prompt": f"level {level + delta}"}})
+        if aggregator is not None:
+            return aggregator(messages)
+        level = int(re.search(r'"system_prompt": "level (-?\d+)"', messages[1]["content"]).group(1))
+        return json.dumps({"reasoning_system_prompt": "one step",
+                           "suggestion": {"system_prompt": f"level {level + delta}"}})
+
+    return respond
+
+
+def requests_of(model, role):
+    return [r for r in model.requests if role_of(r["messages"]) == role]
+
+
+def dataset(xs):
+    return [{"x": x, "info": str(2 * x), "id": f"x{x}"} for x in xs]
+
+
+def make_trainer(level=0, delta=1, brain_kwargs=None, agent_kwargs=None, brain_model_kwargs=None,
+                 agent_model_kwargs=None, **trainer_kwargs):
+    agent_model = ScriptedModel(agent_reply, name="agent-model", **(agent_model_kwargs or {}))
+    brain = ScriptedModel(make_brain(delta, **(brain_kwargs or {})), name="brain", **(brain_model_kwargs or {}))
+    the_agent = LevelAgent(agent_model, level=level, **(agent_kwargs or {}))
+    trainer = AggregatedUpdate(the_agent, Optimizer(brain), llm=brain, **trainer_kwargs)
+    return trainer, the_agent, agent_model, brain
+
+
+TRAIN = {"progress": False, "shuffle": False}
+
+
+# ------------------------------------------------------------------ accept / reject
+
+
+def test_an_improving_candidate_is_accepted_and_applied(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)
+    assert result.accepted == 1 and result.rejected == 0 and result.steps == 1
+    assert the_agent.system_prompt.stored_value == "level 1"
+    assert result.final_parameters == {"system_prompt": "level 1"}
+    assert result.train_scores == [0.0]  # the batch score under the values before the step
+    assert result.stopped_reason is None
+    assert len(requests_of(brain, "optimizer")) == 1 and len(requests_of(brain, "aggregator")) == 1
+
+
+def test_a_tied_candidate_is_rejected_and_nothing_changes():
+    trainer, the_agent, agent_model, brain = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([3]), **TRAIN)  # level 1 is still wrong on 3: a tie
+    assert result.accepted == 0 and result.rejected == 1
+    assert the_agent.system_prompt.stored_value == "level 0"
+    assert result.final_parameters == {"system_prompt": "level 0"}
+
+
+def test_a_worse_candidate_is_rejected_and_rolled_back():
+    trainer, the_agent, agent_model, brain = make_trainer(level=2, delta=-2)
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, **TRAIN)
+    assert result.rejected == 1 and result.accepted == 0
+    assert the_agent.system_prompt.stored_value == "level 2"
+    assert result.train_scores == [1.0]
+
+
+def test_minibatch_validation_reuses_the_current_scores():
+    trainer, the_agent, agent_model, brain = make_trainer()
+    trainer.train(ExactMatchGuide(), dataset([0, 5]), batch_size=2, **TRAIN)
+    # 2 batch runs + 2 runs of the one candidate; the current values are not run again
+    assert len(agent_model.requests) == 4
+    systems = collections.Counter(r["messages"][0]["content"] for r in agent_model.requests)
+    assert systems == {"level 0": 2, "level 1": 2}
+
+
+def test_validation_none_accepts_even_a_worse_candidate():
+    trainer, the_agent, agent_model, brain = make_trainer(level=2, delta=-2, validation="none")
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, **TRAIN)
+    assert result.accepted == 1
+    assert the_agent.system_prompt.stored_value == "level 0"
+    assert len(agent_model.requests) == 2  # no validation runs
+
+
+def test_dataset_validation_decides_on_the_validation_set():
+    # On the training batch (x=5) level 1 ties; on the validation set (x=0) it is better.
+    validation = dataset([0, 7])
+    trainer, the_agent, agent_model, brain = make_trainer(validation=validation)
+    assert isinstance(trainer.validation, DatasetValidation)
+    result = trainer.train(ExactMatchGuide(), dataset([5]), **TRAIN)
+    assert result.accepted == 1
+    assert the_agent.system_prompt.stored_value == "level 1"
+    inputs = collections.Counter((r["messages"][0]["content"], r["messages"][1]["content"])
+                                 for r in agent_model.requests)
+    assert inputs == {("level 0", "5"): 1, ("level 0", "0"): 1, ("level 0", "7"): 1,
+                      ("level 1", "0"): 1, ("level 1", "7"): 1}
+
+
+def test_dataset_validation_rejects_what_does_not_help_there():
+    trainer, the_agent, agent_model, brain = make_trainer(validation=dataset([6, 7]))
+    result = trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)  # better on the batch, a tie on validation
+    assert result.rejected == 1 and the_agent.system_prompt.stored_value == "level 0"
+
+
+@pytest.mark.parametrize("threshold, accepted", [(0.0, 1), (0.49, 1), (0.5, 0), (0.6, 0)])
+def test_improvement_threshold(threshold, accepted):
+    trainer, the_agent, *_ = make_trainer(improvement_threshold=threshold)
+    result = trainer.train(ExactMatchGuide(), dataset([0, 5]), batch_size=2, **TRAIN)  # +0.5 with level 1
+    assert result.accepted == accepted
+    assert the_agent.system_prompt.stored_value == ("level 1" if accepted else "level 0")
+
+
+def test_with_several_candidates_the_best_accepted_one_is_applied(tmp_path):
+    samples = iter(["level 0", "level 3", "level 1"])
+
+    def two_samples(messages):
+        return json.dumps({"suggestion": {"system_prompt": next(samples)}})
+
+    agent_model = ScriptedModel(agent_reply)
+    brain = ScriptedModel(make_brain(aggregator=two_samples))
+    the_agent = LevelAgent(agent_model, level=2)
+    trainer = AggregatedUpdate(the_agent, Optimizer(brain), aggregator=Aggregator(brain, num_candidates=2))
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), batch_size=3, run_dir=tmp_path, **TRAIN)
+    assert result.accepted == 1
+    assert the_agent.system_prompt.stored_value == "level 3"
+    [aggregation] = requests_of(brain, "aggregator")
+    assert aggregation["n"] == 2
+    decisions = [r for r in RunDir(tmp_path).ledger() if r["type"] == "decision"]
+    assert [(d["accepted"], d["candidate_score"]) for d in decisions] == [(False, 0.0), (True, 1.0)]
+    [applied] = [r for r in RunDir(tmp_path).ledger() if r["type"] == "applied"]
+    assert applied["candidate_id"] == decisions[1]["candidate_id"]
+
+
+# ----------------------------------------------------------------------- failures
+
+
+def test_an_agent_failure_gets_min_score_and_no_proposal_and_the_run_goes_on(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer(agent_kwargs={"fail_on": {9}})
+    result = trainer.train(ExactMatchGuide(), dataset([9, 0]), batch_size=2, min_score=-1.0,
+                           run_dir=tmp_path / "run", **TRAIN)
+    assert result.steps == 1 and result.stopped_reason is None
+    assert result.train_scores == [-0.5]  # (-1 + 0) / 2
+    optimizer_requests = requests_of(brain, "optimizer")
+    assert len(optimizer_requests) == 1
+    assert "# Input\n0" in optimizer_requests[0]["messages"][-1]["content"]
+    ledger = RunDir(tmp_path / "run").ledger()
+    failed = [r for r in ledger if r["type"] == "rollout" and r["instance_id"] == "x9" and r["phase"] == "train"]
+    [failed] = failed
+    assert failed["score"] == -1.0
+    assert "RuntimeError: agent cannot handle 9" in failed["error"]
+    assert "agent cannot handle 9" in failed["feedback"]
+    assert all(r["instance_id"] == "x0" for r in ledger if r["type"] == "proposal")
+    assert result.accepted == 1  # level 1: x=0 right, x=9 still fails with min_score both times
+
+
+def test_a_guide_failure_is_handled_like_an_agent_failure(tmp_path):
+    class PickyGuide(Guide):
+        async def get_feedback(self, x, output, info):
+            if x == 4:
+                raise ValueError("cannot judge 4")
+            return Feedback(score=float(output == info), feedback="ok")
+
+    trainer, the_agent, agent_model, brain = make_trainer()
+    result = trainer.train(PickyGuide(), dataset([4, 0]), batch_size=2, min_score=0.0, run_dir=tmp_path,
+                           **TRAIN)
+    assert result.train_scores == [0.0] and result.stopped_reason is None
+    [request] = requests_of(brain, "optimizer")
+    assert "# Input\n0" in request["messages"][-1]["content"]
+    assert result.accepted == 1
+    [failed] = [r for r in RunDir(tmp_path).ledger()
+                if r["type"] == "rollout" and r["phase"] == "train" and r["instance_id"] == "x4"]
+    assert failed["score"] == 0.0 and failed["output"] == "wrong"
+    assert failed["error"] == "guide: ValueError: cannot judge 4"
+    assert "cannot judge 4" in failed["feedback"]
+
+
+def test_a_garbage_optimizer_reply_gives_no_update_and_the_run_goes_on():
+    trainer, the_agent, agent_model, brain = make_trainer(
+        brain_kwargs={"optimizer": lambda messages: "no idea, sorry"})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), **TRAIN)
+    assert result.steps == 3 and result.no_update == 3 and result.accepted == result.rejected == 0
+    assert requests_of(brain, "aggregator") == []
+    assert the_agent.system_prompt.stored_value == "level 0"
+
+
+def test_an_aggregator_reply_garbage_twice_gives_no_update_and_the_run_goes_on(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer(
+        brain_kwargs={"aggregator": lambda messages: "hmm, hard to say"})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path / "run", **TRAIN)
+    assert result.steps == 2 and result.no_update == 2
+    assert len(requests_of(brain, "aggregator")) == 4  # one repair request per step
+    assert the_agent.system_prompt.stored_value == "level 0"
+    decisions = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "decision"]
+    assert len(decisions) == 2 and all(d["accepted"] is None for d in decisions)
+    assert all("no suggestion could be extracted" in d["reason"] for d in decisions)
+
+
+def test_an_optimizer_llm_error_on_one_instance_leaves_the_others(tmp_path):
+    normal = make_brain()
+
+    def flaky(messages):
+        if "# Input\n1\n" in messages[-1]["content"]:
+            raise LLMError("rate limited for good")
+        return normal(messages)
+
+    trainer, the_agent, agent_model, brain = make_trainer(brain_kwargs={"optimizer": flaky})
+    result = trainer.train(ExactMatchGuide(), dataset([1, 0, 2]), batch_size=3, run_dir=tmp_path / "run",
+                           **TRAIN)
+    assert result.steps == 1 and result.accepted == 1
+    ledger = RunDir(tmp_path / "run").ledger()
+    assert sorted(r["instance_id"] for r in ledger if r["type"] == "proposal") == ["x0", "x2"]
+    [error] = [r for r in ledger if r["type"] == "proposal_error"]
+    assert error["instance_id"] == "x1" and "rate limited" in error["error"]
+
+
+def test_an_aggregator_llm_error_gives_no_update():
+    def broken(messages):
+        raise LLMError("aggregator down")
+
+    trainer, the_agent, *_ = make_trainer(brain_kwargs={"aggregator": broken})
+    result = trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)
+    assert result.no_update == 1 and the_agent.system_prompt.stored_value == "level 0"
+
+
+# ----------------------------------------------------------------------- the API
+
+
+def test_unknown_keyword_is_a_type_error_naming_it():
+    trainer, *_ = make_trainer()
+    with pytest.raises(TypeError, match="num_epoch"):
+        trainer.train(ExactMatchGuide(), dataset([0]), num_epoch=2)
+
+
+def test_bad_arguments_are_rejected():
+    trainer, *_ = make_trainer()
+    with pytest.raises(ValueError, match="stepsize"):
+        trainer.train(ExactMatchGuide(), dataset([0]), stepsize=2.0, progress=False)
+    with pytest.raises(TypeError, match="Guide"):
+        trainer.train(lambda x, o, i: 1.0, dataset([0]), progress=False)
+    with pytest.raises(TypeError, match="Agent"):
+        AggregatedUpdate(object(), Optimizer(ScriptedModel([])))
+
+
+async def test_sync_train_works_inside_a_running_event_loop():
+    trainer, the_agent, *_ = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)
+    assert result.accepted == 1 and the_agent.system_prompt.stored_value == "level 1"
+
+
+async def test_atrain_is_the_async_twin():
+    trainer, the_agent, *_ = make_trainer()
+    result = await trainer.atrain(ExactMatchGuide(), dataset([0, 1]), num_epochs=1, **TRAIN)
+    assert result.accepted == 2 and the_agent.system_prompt.stored_value == "level 2"
+
+
+def test_test_dataset_is_evaluated_at_the_start_and_after_steps():
+    trainer, *_ = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), test_dataset=dataset([0, 1, 2, 3]),
+                           eval_frequency=1, **TRAIN)
+    assert result.test_scores == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert result.initial_test_score == 0.0 and result.final_test_score == 0.5
+
+
+def test_usage_counts_every_model_once(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer(agent_model_kwargs={"cache": ResponseCache(tmp_path / "c")})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 5, 6]), batch_size=3, num_epochs=2,
+                           run_dir=tmp_path / "run", **TRAIN)
+    assert result.usage_by_model["agent-model"].calls == agent_model.usage.calls
+    assert result.usage_by_model["agent-model"].cached_calls == agent_model.usage.cached_calls > 0
+    assert result.usage_by_model["brain"].calls == brain.usage.calls
+    assert result.usage.calls == agent_model.usage.calls + brain.usage.calls
+    last = RunDir(tmp_path / "run").metrics()[-1]
+    assert last["calls"] == result.usage.calls and last["cached_calls"] == result.usage.cached_calls
+
+
+def test_verbose_prints_the_prompts_and_replies(capsys):
+    trainer, *_ = make_trainer()
+    trainer.train(ExactMatchGuide(), dataset([0]), verbose=True, **TRAIN)
+    out = capsys.readouterr().out
+    assert "----- optimizer prompt -----" in out and "----- aggregator reply -----" in out
+    assert "level 1" in out
+
+
+def test_quiet_by_default(capsys):
+    trainer, *_ = make_trainer()
+    trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)
+    assert capsys.readouterr().out == ""
+
+
+# ------------------------------------------------------------------------- run dir
+
+
+def test_run_dir_ledger_links_every_record(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer, the_agent, *_ = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 5, 6]), batch_size=2, num_epochs=1,
+                           run_dir=run_dir, **TRAIN)
+    assert result.run_dir == str(run_dir)
+    run = RunDir(run_dir)
+    assert run.checkpoint_path.is_file() and run.metrics_path.is_file() and run.ledger_path.is_file()
+    ledger = run.ledger()
+    kinds = collections.Counter(r["type"] for r in ledger)
+    assert {"rollout", "proposal", "candidate", "decision"} <= set(kinds)
+
+    for step in (1, 2):
+        records = [r for r in ledger if r["step"] == step]
+        train_rollouts = [r for r in records if r["type"] == "rollout" and r["phase"] == "train"]
+        instance_ids = {r["instance_id"] for r in train_rollouts}
+        assert len(instance_ids) == 2
+        proposals = [r for r in records if r["type"] == "proposal"]
+        assert proposals and {p["instance_id"] for p in proposals} <= instance_ids
+        proposal_ids = {p["proposal_id"] for p in proposals}
+        candidates = [r for r in records if r["type"] == "candidate" and r["final"]]
+        assert len(candidates) == 1
+        [candidate] = candidates
+        assert candidate["source_proposals"] and set(candidate["source_proposals"]) <= proposal_ids
+        [decision] = [r for r in records if r["type"] == "decision"]
+        assert decision["candidate_id"] == candidate["candidate_id"]
+        validation = [r for r in records if r["type"] == "rollout" and r["phase"] == "validation"]
+        assert {r["candidate_id"] for r in validation} == {candidate["candidate_id"]}
+        assert {r["instance_id"] for r in validation} == instance_ids
+
+    decisions = [r for r in ledger if r["type"] == "decision"]
+    assert [d["accepted"] for d in decisions] == [True, False]  # x0,x1 then x5,x6 with level 1 vs 2: a tie
+    [applied] = [r for r in ledger if r["type"] == "applied"]
+    assert applied["step"] == 1 and applied["candidate_id"] == decisions[0]["candidate_id"]
+
+    checkpoint = json.loads(run.checkpoint_path.read_text())
+    assert checkpoint["step"] == 2 and checkpoint["finished"] is True
+    assert checkpoint["parameters"] == {"system_prompt": "level 1"}
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["accepted"] for m in metrics] == [True, False]
+    assert all("sk-" not in line for line in run.ledger_path.read_text().splitlines())
+
+
+def test_an_existing_run_dir_needs_resume(tmp_path):
+    trainer, *_ = make_trainer()
+    trainer.train(ExactMatchGuide(), dataset([0]), run_dir=tmp_path, **TRAIN)
+    trainer2, *_ = make_trainer()
+    with pytest.raises(ValueError, match="resume=True"):
+        trainer2.train(ExactMatchGuide(), dataset([0]), run_dir=tmp_path, **TRAIN)
+
+
+def test_resume_needs_a_run_dir_and_the_same_settings(tmp_path):
+    trainer, *_ = make_trainer()
+    with pytest.raises(ValueError, match="run_dir"):
+        trainer.train(ExactMatchGuide(), dataset([0]), resume=True, **TRAIN)
+    trainer.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path, **TRAIN)
+    again, *_ = make_trainer()
+    with pytest.raises(ValueError, match="batch_size"):
+        again.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path, resume=True, batch_size=2, **TRAIN)
+
+
+# -------------------------------------------------------------------------- resume
+
+RESUME_DATA = dataset([0, 1, 2, 3, 4, 5])
+RESUME_ARGS = {"num_epochs": 2, "batch_size": 2, "seed": 3, "progress": False, "min_score": 0.0,
+               "test_dataset": dataset([0, 1, 2, 3, 4, 5]), "eval_frequency": 3}
+
+
+class CountingGuide(ExactMatchGuide):
+    """Presses Ctrl-C (a real SIGINT) at its `interrupt_at`-th call (1-based)."""
+
+    def __init__(self, interrupt_at=None):
+        super().__init__()
+        self.calls = 0
+        self.interrupt_at = interrupt_at
+
+    async def aget_feedback(self, x, output, info):
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            signal.raise_signal(signal.SIGINT)  # asyncio.run cancels the run, then raises KeyboardInterrupt
+            await asyncio.sleep(0)
+        return await super().aget_feedback(x, output, info)
+
+
+def resume_trainer(cache=None, budget=None):
+    """Agent, optimizer and aggregator each on its own model (with `budget` on the optimizer's)."""
+    kwargs = {"cache": cache} if cache is not None else {}
+    agent_model = ScriptedModel(agent_reply, name="agent-model", **kwargs)
+    opt_model = ScriptedModel(make_brain(), name="optimizer-model", budget=budget, **kwargs)
+    agg_model = ScriptedModel(make_brain(), name="aggregator-model", **kwargs)
+    the_agent = LevelAgent(agent_model)
+    trainer = AggregatedUpdate(the_agent, Optimizer(opt_model),
+                               aggregator=Aggregator(agg_model), concurrency=1)
+    return trainer, the_agent, (agent_model, opt_model, agg_model)
+
+
+def ledger_shape(run_dir):
+    """What the ledger says happened, without ids and times."""
+    shape = []
+    for r in RunDir(run_dir).ledger():
+        shape.append((r["step"], r["type"], r.get("instance_id"), r.get("phase"), r.get("accepted"),
+                      json.dumps(r.get("update"), sort_keys=True)))
+    return sorted(shape)
+
+
+def run_uninterrupted(tmp_path):
+    cache = ResponseCache(tmp_path / "a-cache.sqlite")
+    trainer, the_agent, models = resume_trainer(cache)
+    result = trainer.train(CountingGuide(), RESUME_DATA, run_dir=tmp_path / "a", **RESUME_ARGS)
+    assert result.steps == 6 and result.stopped_reason is None
+    assert result.accepted > 0 and result.rejected > 0  # the run is not trivial
+    return result, models
+
+
+def check_resumed(tmp_path, reference, run_dir, first_models, result, second_models):
+    ref_result, ref_models = reference
+    assert result.final_parameters == ref_result.final_parameters
+    assert result.train_scores == ref_result.train_scores
+    assert result.test_scores == ref_result.test_scores
+    assert (result.accepted, result.rejected, result.no_update) == (
+        ref_result.accepted, ref_result.rejected, ref_result.no_update)
+    assert result.steps == 6 and result.stopped_reason is None
+    assert ledger_shape(run_dir) == ledger_shape(tmp_path / "a")
+    assert [m["step"] for m in RunDir(run_dir).metrics()] == [1, 2, 3, 4, 5, 6]
+    for first, second, ref in zip(first_models, second_models, ref_models):
+        # Paid work is never paid twice: the resumed run's paid requests are new ones...
+        first_keys = {json.dumps(r, sort_keys=True, default=str) for r in first.requests}
+        second_keys = {json.dumps(r, sort_keys=True, default=str) for r in second.requests}
+        assert not first_keys & second_keys, first.name
+        # ...and together they are exactly what the uninterrupted run paid for.
+        assert first.usage.calls + second.usage.calls == ref.usage.calls, first.name
+    assert sum(m.usage.cached_calls for m in second_models) > 0  # the redone part came from the cache
+
+
+def test_resume_after_an_interrupt_gives_the_same_run(tmp_path):
+    reference = run_uninterrupted(tmp_path)
+    run_dir = tmp_path / "b"
+    cache = ResponseCache(tmp_path / "b-cache.sqlite")
+
+    trainer, the_agent, models = resume_trainer(cache)
+    # guide calls: 6 (first test) + 3 steps x (2 batch + 2 validation) + 6 (test after step 3),
+    # then 2 for step 4's batch: break in at the first call of step 4's validation
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(CountingGuide(interrupt_at=27), RESUME_DATA, run_dir=run_dir, **RESUME_ARGS)
+    saved = json.loads((run_dir / "checkpoint.json").read_text())
+    assert saved["step"] == 3 and saved["finished"] is False
+    aggregations = models[2].usage
+    assert aggregations.calls + aggregations.cached_calls == 4  # the 4th step's aggregation was done
+
+    trainer2, agent2, models2 = resume_trainer(cache)
+    result = trainer2.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, resume=True, **RESUME_ARGS)
+    check_resumed(tmp_path, reference, run_dir, models, result, models2)
+    assert agent2.system_prompt.stored_value == reference[0].final_parameters["system_prompt"]
+
+
+def test_resume_after_a_budget_stop_gives_the_same_run(tmp_path):
+    reference = run_uninterrupted(tmp_path)
+    ref_optimizer = reference[1][1]
+    run_dir = tmp_path / "b"
+    cache = ResponseCache(tmp_path / "b-cache.sqlite")
+
+    # stop part-way through the optimizer's calls: mid-step, after some of its work was paid for
+    budget = Budget(max_calls=ref_optimizer.usage.calls // 2 + 1)
+    trainer, the_agent, models = resume_trainer(cache, budget)
+    stopped = trainer.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, **RESUME_ARGS)
+    assert stopped.stopped_reason and "budget" in stopped.stopped_reason
+    assert 0 < stopped.steps < 6
+    assert json.loads((run_dir / "checkpoint.json").read_text())["step"] == stopped.steps
+
+    trainer2, agent2, models2 = resume_trainer(cache)
+    result = trainer2.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, resume=True, **RESUME_ARGS)
+    check_resumed(tmp_path, reference, run_dir, models, result, models2)
+
+
+def test_resuming_with_more_epochs_continues_the_run(tmp_path):
+    trainer, _, _ = resume_trainer()
+    whole = trainer.train(CountingGuide(), RESUME_DATA, run_dir=tmp_path / "whole", **RESUME_ARGS)
+
+    one_epoch = {**RESUME_ARGS, "num_epochs": 1}
+    trainer, _, _ = resume_trainer()
+    first = trainer.train(CountingGuide(), RESUME_DATA, run_dir=tmp_path / "parts", **one_epoch)
+    assert first.steps == 3
+    trainer, the_agent, _ = resume_trainer()
+    result = trainer.train(CountingGuide(), RESUME_DATA, run_dir=tmp_path / "parts", resume=True, **RESUME_ARGS)
+    assert result.steps == 6
+    assert result.train_scores == whole.train_scores
+    assert result.final_parameters == whole.final_parameters
+    assert (result.accepted, result.rejected) == (whole.accepted, whole.rejected)
+    assert result.test_scores == whole.test_scores == [(0, 0.0), (3, first.test_scores[-1][1]),
+                                                       (6, whole.final_test_score)]
+
+
+def test_resuming_a_finished_run_does_nothing_more(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer()
+    first = trainer.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path, **TRAIN)
+    trainer2, agent2, agent_model2, brain2 = make_trainer()
+    again = trainer2.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path, resume=True, **TRAIN)
+    assert agent_model2.requests == [] and brain2.requests == []
+    assert again.final_parameters == first.final_parameters
+    assert again.train_scores == first.train_scores and again.steps == 2
+
+
+# ------------------------------------------------------------------------- budget
+
+
+def test_budget_exceeded_stops_training_cleanly(tmp_path):
+    budget = Budget(max_calls=3)  # step 1: optimizer + aggregator; step 2: optimizer, then refused
+    trainer, the_agent, agent_model, brain = make_trainer(brain_model_kwargs={"budget": budget})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2, 3]), run_dir=tmp_path, **TRAIN)
+    assert result.stopped_reason is not None and "budget" in result.stopped_reason
+    assert result.steps == 1 and result.accepted == 1
+    assert the_agent.system_prompt.stored_value == "level 1"
+    checkpoint = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert checkpoint["step"] == 1 and checkpoint["finished"] is False
+    assert checkpoint["parameters"] == {"system_prompt": "level 1"}
+    assert brain.usage.calls == 3
+
+
+# ----------------------------------------------------------------------- evaluate
+
+
+def test_evaluate_masks_unjudged_scores_and_counts_failures():
+    class HalfBlindGuide(Guide):
+        def get_feedback(self, x, output, info):
+            if x == 2:
+                return Feedback(score=None, feedback="could not judge")
+            return Feedback(score=float(output == info))
+
+    the_agent = LevelAgent(ScriptedModel(agent_reply), level=1, fail_on={3})
+    result = evaluate(the_agent, HalfBlindGuide(), dataset([0, 1, 2, 3]))
+    assert result.n == 4 and result.n_failed == 1
+    assert result.scores == [1.0, 0.0, None, None]
+    assert result.mean == 0.5 and result.std == 0.5
+    assert result.outputs[:3] == ["0", "wrong", "wrong"]
+
+
+def test_evaluate_with_values_and_min_score():
+    the_agent = LevelAgent(ScriptedModel(agent_reply), level=0, fail_on={3})
+    result = evaluate(the_agent, ExactMatchGuide(), dataset([0, 1, 3]), min_score=0.0,
+                      values={the_agent.system_prompt: "level 5"})
+    assert result.scores == [1.0, 1.0, 0.0] and result.n_failed == 1
+    assert result.mean == pytest.approx(2 / 3)
+    assert the_agent.system_prompt.value == "level 0"
+
+
+def test_evaluate_when_nothing_could_be_judged():
+    class Blind(Guide):
+        def get_feedback(self, x, output, info):
+            return Feedback(score=None)
+
+    result = evaluate(LevelAgent(ScriptedModel(agent_reply)), Blind(), dataset([0, 1]))
+    assert result.mean is None and result.std is None and result.n == 2
+
+
+# ------------------------------------------------------------ Trace-compatible names
+
+
+def test_forward_update_to_param_dict_and_the_aggregator_prompt():
+    trainer, the_agent, agent_model, brain = make_trainer()
+    assert isinstance(trainer.aggregator_system_prompt, str)
+    assert trainer.aggregator_system_prompt.startswith(AGGREGATOR_SYSTEM)
+    assert trainer.to_param_dict({"system_prompt": "level 3"}) == {the_agent.system_prompt: "level 3"}
+    with pytest.raises(KeyError):
+        trainer.to_param_dict({"nope": 1})
+
+    guide = ExactMatchGuide()
+    outputs = [trainer.forward(the_agent, x, guide, str(2 * x)) for x in (0, 4)]
+    assert all(isinstance(o, InstanceOutput) for o in outputs)
+    assert [o.rollout.score for o in outputs] == [0.0, 0.0]
+    assert [o.rollout.output for o in outputs] == ["wrong", "wrong"]
+    assert outputs[0].rollout.trace and outputs[0].rollout.trace[0]["response"] == "wrong"
+    assert [o.proposals[0].update for o in outputs] == [{"system_prompt": "level 1"}] * 2
+    assert the_agent.system_prompt.stored_value == "level 0"  # forward never applies
+
+    outcome = trainer.update(outputs)
+    assert isinstance(outcome, StepOutcome)
+    assert outcome.accepted is True and outcome.update == {"system_prompt": "level 1"}
+    assert outcome.score == 0.0 and outcome.candidate_score == 0.5
+    assert the_agent.system_prompt.stored_value == "level 1"
+
+
+async def test_aforward_after_train_works_in_another_event_loop():
+    # train() runs its own loop (here in a worker thread); the optimizer gate it used must not
+    # leak into the caller's loop, where concurrent aforward calls would then fail.
+    brain_reply = make_brain()
+
+    async def slow_brain(messages):
+        await asyncio.sleep(0.001)  # so that concurrent proposals really wait at the gate
+        return brain_reply(messages)
+
+    the_agent = LevelAgent(ScriptedModel(agent_reply))
+    optimizer_model = ScriptedModel(slow_brain)
+    trainer = AggregatedUpdate(the_agent, Optimizer(optimizer_model), concurrency=1)
+    result = await asyncio.to_thread(trainer.train, ExactMatchGuide(), dataset([5, 6, 7, 8]), batch_size=4,
+                                     **TRAIN)
+    assert result.steps == 1
+    guide = ExactMatchGuide()
+    outputs = await asyncio.gather(*(trainer.aforward(the_agent, x, guide, str(2 * x)) for x in range(4)))
+    assert [o.error for o in outputs] == [None] * 4
+    assert all(o.proposals for o in outputs)
+
+
+def test_update_before_forward_is_an_error():
+    trainer, *_ = make_trainer()
+    with pytest.raises(ValueError, match="forward"):
+        trainer.update([])
+
+
+def test_aggregator_object_and_llm_arguments():
+    brain = ScriptedModel(make_brain())
+    other = ScriptedModel(make_brain(), name="other")
+    the_agent = LevelAgent(ScriptedModel(agent_reply))
+    custom = Aggregator(other, fan_in=3)
+    assert AggregatedUpdate(the_agent, Optimizer(brain), aggregator=custom).aggregator is custom
+    assert AggregatedUpdate(the_agent, Optimizer(brain), llm=other).aggregator.model is other
+    assert AggregatedUpdate(the_agent, Optimizer(brain)).aggregator.model is brain
+
+
+def test_an_agent_without_trainable_parameters_is_refused():
+    class Frozen(Agent):
+        def __init__(self):
+            self.p = Parameter("x", trainable=False)
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="no trainable Parameter"):
+        AggregatedUpdate(Frozen(), Optimizer(ScriptedModel([])))

@@ -1,4 +1,4 @@
-"""Train a custom agent with two parameters, a prompt and an int, on BIG-bench word sorting.
+"""Train a custom agent with two parameters, a prompt and an int, on BIG-bench sports understanding.
 
     python examples/custom_agent.py                      # offline, bundled SmolLM2
     python examples/custom_agent.py --model gpt-4o-mini  # OpenAI (OPENAI_API_KEY)
@@ -19,27 +19,36 @@ from opto.datasets import bigbench
 from opto.llm import LocalModel, Model, OpenAIModel
 
 
-class SortingAgent(Agent):
-    """Sorts words with an LLM; `votes` samples several answers and keeps the most common."""
+def read_verdict(text: str) -> str:
+    """The verdict in a free-form reply: "implausible", "plausible", or the reply itself."""
+    lowered = text.lower()
+    for verdict in ("implausible", "plausible"):  # "implausible" contains "plausible": test it first
+        if verdict in lowered:
+            return verdict
+    return text.strip()
+
+
+class SportsAgent(Agent):
+    """Judges sports statements with an LLM; `votes` samples several verdicts and keeps the most common."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self.instructions = Parameter(
-            "Sort the words alphabetically. Reply with the sorted words separated by spaces.",
-            description="system prompt of the sorting model",
+            "Answer with one word.",
+            description="system prompt of the model that judges the statement",
             constraint=Constraint("plain instructions", max_length=800),
         )
         self.votes = Parameter(
-            1, description="answers sampled per question; the most common one wins",
+            1, description="verdicts sampled per question; the most common one wins",
             constraint=Constraint(min=1, max=5),
         )
 
     async def forward(self, question: str) -> str:
         messages = [{"role": "system", "content": self.instructions.value}, {"role": "user", "content": question}]
         votes = self.votes.value
-        reply = await self.model.complete(messages, n=votes, max_tokens=64, temperature=0.0 if votes == 1 else 0.7)
-        answers = [" ".join(text.split()) for text in reply.texts]
-        return Counter(answers).most_common(1)[0][0]
+        reply = await self.model.complete(messages, n=votes, max_tokens=16, temperature=0.0 if votes == 1 else 0.8,
+                                          seed=0)
+        return Counter(read_verdict(text) for text in reply.texts).most_common(1)[0][0]
 
 
 def main() -> None:
@@ -56,7 +65,7 @@ def main() -> None:
 
     model = OpenAIModel(args.model or "default", base_url=args.base_url) if args.model or args.base_url else LocalModel()
     trainer = AggregatedUpdate(
-        SortingAgent(model),
+        SportsAgent(model),
         Optimizer(model, num_proposals=args.num_proposals, max_tokens=300, temperature=0.8),
         max_tokens=400,
         concurrency=4,
@@ -64,8 +73,8 @@ def main() -> None:
     )
     result = trainer.train(
         ExactMatchGuide(),
-        bigbench("word_sorting", split="train", n=args.train),
-        test_dataset=bigbench("word_sorting", split="test", n=args.test),
+        bigbench("sports_understanding", split="train", n=args.train),
+        test_dataset=bigbench("sports_understanding", split="test", n=args.test),
         batch_size=args.batch_size,
         eval_frequency=None,
         run_dir=args.run_dir,

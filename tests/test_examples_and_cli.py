@@ -1,7 +1,10 @@
 """The examples and the `opto` command, run for real against offline models."""
 
+import asyncio
 import json
+import os
 import subprocess
+import zlib
 import sys
 from pathlib import Path
 
@@ -64,3 +67,62 @@ def test_command_errors_are_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("opto demo: error:") and "checkpoint" in err
+
+
+def _sports_llm(request):
+    """Agent, optimizer and aggregator for the custom example; verdicts depend on the prompt."""
+    system = request["messages"][0]["content"]
+    if "improve the parameters" in system:
+        n = request.get("n", 1)
+        seed = zlib.crc32(request["messages"][-1]["content"].encode())
+        return [json.dumps({"reasoning": "be decisive", "suggestion": {
+            "instructions": f"Answer plausible or implausible. Variant {(seed + i) % 7}.", "votes": 1}})
+            for i in range(n)]
+    if "merge several suggested updates" in system:
+        return json.dumps({"reasoning_instructions": "keep one", "suggestion": {
+            "instructions": "Answer plausible or implausible. Variant 3.", "votes": 1}})
+    statement = request["messages"][-1]["content"]
+    verdict = zlib.crc32((system + statement).encode()) % 2
+    return ["implausible", "plausible"][verdict]
+
+
+def test_custom_example_with_two_proposals_exports_pairs_and_finetunes(tmp_path, capsys):
+    """Issue 4's path: run examples/ with num_proposals=2, export DPO and TRL, fine-tune, switch."""
+    from opto.llm import OpenAIModel
+    from opto.preference import PreferencePairBuilder, read_turns, validate_jsonl
+
+    run = tmp_path / "run"
+    with FakeOpenAIServer(reply=_sports_llm) as server:
+        subprocess.run([sys.executable, str(ROOT / "examples" / "custom_agent.py"), "--model", "fake",
+                        "--base-url", server.base_url, "--num-proposals", "2", "--train", "12", "--test", "4",
+                        "--run-dir", str(run)], check=True, timeout=300, capture_output=True, env={
+                            **os.environ, "OPENAI_API_KEY": "test"})
+    assert any(r["type"] == "proposal_score" for r in RunDir(run).ledger())
+
+    dpo, trl = tmp_path / "pairs.jsonl", tmp_path / "pairs.trl.jsonl"
+    assert main(["export", str(run), "--source", "all", "--format", "openai-dpo", "--out", str(dpo)]) == 0
+    assert main(["export", str(run), "--source", "all", "--format", "trl", "--out", str(trl)]) == 0
+    assert validate_jsonl(dpo, "openai-dpo", min_examples=1) >= 1
+    pairs = PreferencePairBuilder().build(read_turns(run, "all").turns)
+    trl_rows = [json.loads(line) for line in trl.read_text().splitlines()]
+    assert len(trl_rows) == len(pairs) > 0
+    assert all(p.chosen_score > p.rejected_score for p in pairs)
+    assert {(r["chosen"], r["rejected"]) for r in trl_rows} == {(p.chosen, p.rejected) for p in pairs}
+
+    with FakeOpenAIServer() as server:
+        state = tmp_path / "ft-state.json"
+        code = main(["finetune", "submit", str(dpo), "--model", "gpt-4.1-mini", "--base-url", server.base_url,
+                     "--wait", "--poll-interval", "0.01", "--state", str(state)])
+        out = capsys.readouterr().out
+        assert code == 0 and "succeeded" in out
+        job = next(iter(server.jobs.values()))
+        assert job["status"] == "succeeded" and job["method"]["type"] == "dpo"
+        assert "test" not in state.read_text()  # the key is never written
+
+        from opto.finetune import OpenAIFineTuneAdapter
+        adapter = OpenAIFineTuneAdapter.from_state_dict(json.loads(state.read_text()))
+        model = OpenAIModel("gpt-4.1-mini", base_url=server.base_url, api_key="test")
+        status = asyncio.run(adapter.status(adapter.jobs[-1]))
+        adapter.switch_models(status, model)
+        assert model.name == job["fine_tuned_model"]
+        model.close()

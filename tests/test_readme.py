@@ -1,0 +1,35 @@
+"""The README's training example runs as written, against FakeOpenAIServer."""
+
+import json
+import re
+from pathlib import Path
+
+from opto.testing import FakeOpenAIServer
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _example() -> str:
+    section = README.read_text().split("## Train an agent", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def _reply(request):
+    system = request["messages"][0]["content"]
+    if "improve the parameters" in system or "merge several suggested updates" in system:
+        return json.dumps({"reasoning": "digits", "suggestion": {"prompt": "Reply with the number in digits."}})
+    return "12" if "digits" in system else "a dozen or so"
+
+
+def test_readme_training_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    code = _example()
+    assert len(code.strip().splitlines()) <= 25
+    with FakeOpenAIServer(reply=_reply) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        monkeypatch.chdir(tmp_path)
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    initial, final, params = capsys.readouterr().out.strip().rsplit("\n", 1)[-1].split(" ", 2)
+    assert float(final) > float(initial)
+    assert "Reply with the number in digits." in params
+    assert (tmp_path / "runs" / "qa" / "ledger.jsonl").exists()

@@ -7,17 +7,26 @@ loop, semaphore, openai client, connection pool) and the fake server are from th
 
     python bench/llm_layer.py
     python bench/llm_layer.py --calls 128 --latency 0.1 --concurrency 1 16 --repeat 5
+    python bench/llm_layer.py --server-in-process   # the fake server in this process
+
+By default the fake server runs in a child process, as a real server would: measured in
+this process, its handler threads share the GIL with the client and their CPU is
+counted against the model layer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
+import multiprocessing
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from opto.llm import OpenAIModel
 from opto.testing import FakeOpenAIServer
@@ -30,32 +39,109 @@ async def _run_calls(model: OpenAIModel, calls: int) -> None:
     assert all(c.text for c in completions)
 
 
-def measure(concurrency: int, calls: int, latency: float) -> dict[str, float]:
+class _LocalServer:
+    """A FakeOpenAIServer in this process."""
+
+    def __init__(self, server: FakeOpenAIServer) -> None:
+        self.base_url = server.base_url
+        self._server = server
+
+    def set_latency(self, seconds: float) -> None:
+        self._server.latency = seconds
+
+    def stats(self) -> tuple[int, int]:
+        """(peak in flight, chat requests received)."""
+        return self._server.peak_in_flight, len(self._server.chat_requests)
+
+
+def _serve(conn: Any) -> None:
+    """Child process: run a FakeOpenAIServer and answer ("latency", s), ("stats", None), ("stop", None)."""
+    with FakeOpenAIServer() as server:
+        conn.send(server.base_url)
+        while True:
+            command, value = conn.recv()
+            if command == "latency":
+                server.latency = value
+                conn.send(None)
+            elif command == "stats":
+                conn.send((server.peak_in_flight, len(server.chat_requests)))
+            else:
+                conn.send(None)
+                return
+
+
+class _ChildServer:
+    """A FakeOpenAIServer in a child process, driven through a pipe."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self.base_url = conn.recv()
+
+    def _ask(self, command: str, value: Any = None) -> Any:
+        self._conn.send((command, value))
+        return self._conn.recv()
+
+    def set_latency(self, seconds: float) -> None:
+        self._ask("latency", seconds)
+
+    def stats(self) -> tuple[int, int]:
+        return tuple(self._ask("stats"))  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def fake_server(separate_process: bool) -> Iterator[_LocalServer | _ChildServer]:
+    if not separate_process:
+        with FakeOpenAIServer() as server:
+            yield _LocalServer(server)
+        return
+    parent, child = multiprocessing.Pipe()
+    process = multiprocessing.Process(target=_serve, args=(child,), daemon=True)
+    process.start()
+    try:
+        server = _ChildServer(parent)
+        yield server
+        server._ask("stop")
+    finally:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.terminate()
+
+
+def measure(concurrency: int, calls: int, latency: float, separate_process: bool = False) -> dict[str, float]:
     """Wall time of `calls` calls at `max_concurrency=concurrency`, with a fresh server and model."""
-    with FakeOpenAIServer(latency=0.0) as server:
+    with fake_server(separate_process) as server:
         model = OpenAIModel("bench-model", base_url=server.base_url, api_key="bench", max_concurrency=concurrency)
         try:
             # Warm-up outside the timed part, at no latency: starts the private loop and the
             # client and opens `concurrency` keep-alive connections, so what is timed is the
             # steady state of the layer, not TCP handshakes.
             asyncio.run(_run_calls(model, concurrency))
-            server.latency = latency
+            server.set_latency(latency)
             start = time.perf_counter()
             asyncio.run(_run_calls(model, calls))
             wall = time.perf_counter() - start
         finally:
             model.close()
-        peak = server.peak_in_flight
-        received = len(server.chat_requests) - concurrency
+        peak, total = server.stats()
+        received = total - concurrency
     if received != calls:
         raise RuntimeError(f"the server received {received} requests, expected {calls}")
     ideal = math.ceil(calls / concurrency) * latency
-    return {"concurrency": concurrency, "wall": wall, "ideal": ideal, "overhead": (wall / ideal - 1) * 100, "peak": peak}
+    return {
+        "concurrency": concurrency,
+        "wall": wall,
+        "ideal": ideal,
+        "overhead": (wall / ideal - 1) * 100,
+        "peak": peak,
+    }
 
 
-def measure_median(concurrency: int, calls: int, latency: float, repeat: int) -> dict[str, float]:
+def measure_median(
+    concurrency: int, calls: int, latency: float, repeat: int, separate_process: bool = False
+) -> dict[str, float]:
     """The run with the median wall time out of `repeat`."""
-    runs = sorted((measure(concurrency, calls, latency) for _ in range(repeat)), key=lambda row: row["wall"])
+    runs = [measure(concurrency, calls, latency, separate_process) for _ in range(repeat)]
+    runs.sort(key=lambda row: row["wall"])
     return runs[len(runs) // 2]
 
 
@@ -65,17 +151,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per request at the server")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 64])
     parser.add_argument("--repeat", type=int, default=1, help="runs per setting; the median is shown")
+    parser.add_argument("--server-in-process", action="store_true",
+                        help="run the fake server in this process (its threads then share the GIL with the client)")
     args = parser.parse_args(argv)
+    server_process = not args.server_in_process
 
+    where = "a child process" if server_process else "this process"
     print(
-        f"{args.calls} calls, {args.latency * 1000:.0f} ms server latency, median of {args.repeat}; "
+        f"{args.calls} calls, {args.latency * 1000:.0f} ms server latency, server in {where}, "
+        f"median of {args.repeat}; "
         f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
-    header = f"{'concurrency':>11} | {'wall (s)':>8} | {'ideal (s)':>9} | {'overhead':>8} | {'server peak in flight':>21}"
+    header = (
+        f"{'concurrency':>11} | {'wall (s)':>8} | {'ideal (s)':>9} | {'overhead':>8} | {'server peak in flight':>21}"
+    )
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
-        row = measure_median(concurrency, args.calls, args.latency, args.repeat)
+        row = measure_median(concurrency, args.calls, args.latency, args.repeat, server_process)
         print(
             f"{row['concurrency']:>11} | {row['wall']:>8.2f} | {row['ideal']:>9.2f} | "
             f"{row['overhead']:>7.1f}% | {row['peak']:>21}",

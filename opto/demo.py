@@ -97,8 +97,8 @@ def run_demo(
     initial_prompt = agent.system_prompt.value
     trainer = AggregatedUpdate(
         agent,
-        Optimizer(model, max_tokens=200, temperature=0.7),
-        aggregator=Aggregator(model, max_tokens=300, temperature=0.2),
+        Optimizer(model, max_tokens=160, temperature=0.8),
+        aggregator=Aggregator(model, max_tokens=200, temperature=0.8),
         concurrency=4,
         validation=DatasetValidation(bigbench("object_counting", split="validation", n=validation_n, seed=seed)),
     )

@@ -26,8 +26,8 @@ from opto.llm import (
     OpenAIModel,
     ResponseCache,
     TokenUsage,
+    ratelimit,
 )
-from opto.llm import ratelimit
 from opto.testing import FakeOpenAIServer, FakeReply
 
 pytestmark = pytest.mark.timeout(30)
@@ -170,8 +170,17 @@ async def test_client_errors_are_not_retried(server, make_model, backoff_calls, 
 
 async def test_400_about_something_else_keeps_response_format(server, make_model) -> None:
     # E.g. a prompt over the context length while JSON mode is on: not a reason to drop JSON mode.
-    server.fail_next(1, status=400, body={"error": {"message": "This model's maximum context length is 8192 tokens.",
-                                                    "type": "invalid_request_error", "param": "messages"}})
+    server.fail_next(
+        1,
+        status=400,
+        body={
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens.",
+                "type": "invalid_request_error",
+                "param": "messages",
+            }
+        },
+    )
     model = make_model()
 
     with pytest.raises(LLMRequestError, match="maximum context length"):

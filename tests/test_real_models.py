@@ -263,3 +263,19 @@ async def test_openai_model_json_mode_against_llama_cpp_server(
     assert completion.finish_reason == "stop", f"JSON cut at max_tokens: {completion.texts[0]!r}"
     data = json.loads(completion.texts[0])
     assert isinstance(data, dict), completion.texts[0]
+
+
+async def test_optimizer_schema_steps_down_to_json_mode_on_llama_cpp_server(
+    server_model: OpenAIModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server answers an unsupported json_schema format with a 500; the model steps down."""
+    from opto import Parameter
+    from opto.schema import reply_format
+
+    fmt = reply_format([Parameter("Answer.", name="prompt")], ["reasoning"], "proposal")
+    with caplog.at_level(logging.WARNING, logger="opto.llm.openai_model"):
+        completion = await server_model.complete(_user(JSON_PROMPT), response_format=fmt, max_tokens=80,
+                                                 temperature=0)
+    assert any("json_schema" in record.getMessage() for record in caplog.records)
+    assert completion.finish_reason == "stop", completion.texts[0]
+    assert isinstance(json.loads(completion.texts[0]), dict)

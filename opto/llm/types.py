@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,4 +64,3 @@ def validate_messages(messages: Any) -> list[Message]:
     return checked
 
 
-FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]

@@ -100,11 +100,13 @@ class AggregatedUpdate(Minibatch):
     async def aforward(
         self, agent: Agent, x: Any, guide: Guide, info: Any, *, example_id: str = "", ctx: StepContext | None = None
     ) -> InstanceOutput:
+        """Async `forward`: run and judge one instance, then ask for proposals."""
         self.guide = guide
         rollout = await run_rollout(agent, guide, Example(x, info, id=example_id), min_score=self.min_score)
         return await self._propose(rollout, ctx)
 
     async def aupdate(self, outputs: Sequence[InstanceOutput], ctx: StepContext | None = None) -> StepOutcome:
+        """Async `update`: aggregate, validate every candidate, apply the best accepted one."""
         if self.guide is None:
             raise ValueError("update() needs the guide given to forward(); call forward() first")
         ctx = ctx or StepContext(step=0, epoch=0, guide=self.guide, stepsize=self.stepsize,
@@ -125,10 +127,9 @@ class AggregatedUpdate(Minibatch):
         decisions = [await self._validate(vctx, c, ctx) for c in usable]
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
-            best = max(decisions, key=lambda d: -1e9 if d.candidate_score is None else d.candidate_score)
+            best = max(decisions, key=_by_score)
             return StepOutcome(score=score, accepted=False, candidate_score=best.candidate_score, note=best.reason)
-        decision, winner = max(accepted, key=lambda pair: -1e9 if pair[0].candidate_score is None
-                               else pair[0].candidate_score)
+        decision, winner = max(accepted, key=lambda pair: _by_score(pair[0]))
         self.agent.apply(winner.update)
         ctx.record("applied", candidate_id=winner.candidate_id, update=winner.update)
         return StepOutcome(score=score, accepted=True, candidate_score=decision.candidate_score,
@@ -206,6 +207,11 @@ class AggregatedUpdate(Minibatch):
             ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **_rollout_record(rollout))
         ctx.record("decision", **decision.model_dump(mode="json"), validation=self.validation.name)
         return decision
+
+
+def _by_score(decision: Decision) -> float:
+    """Sort key: the candidate's score, unscored last."""
+    return float("-inf") if decision.candidate_score is None else decision.candidate_score
 
 
 def _rollout_record(rollout: Rollout) -> dict[str, Any]:

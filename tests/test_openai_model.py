@@ -491,3 +491,16 @@ async def test_local_server_needs_no_key(server, monkeypatch) -> None:
 def test_bad_settings_are_refused(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         OpenAIModel("gpt-test", api_key=KEY, base_url="http://127.0.0.1:9/v1", **kwargs)
+
+
+def test_request_timeout_and_conflict_statuses_are_retried():
+    with FakeOpenAIServer(reply="fine") as server:
+        server.fail_next(1, status=408)
+        server.fail_next(1, status=409)
+        model = OpenAIModel("m", base_url=server.base_url, api_key="k", max_retries=2)
+        try:
+            reply = asyncio.run(model.complete([{"role": "user", "content": "hi"}]))
+        finally:
+            model.close()
+    assert reply.text == "fine"
+    assert len(server.chat_requests) == 3

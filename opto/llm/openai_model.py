@@ -34,6 +34,10 @@ _TRANSIENT = (
 )
 
 
+# Other statuses that mean "try again": request timeout and conflict (as the SDK does).
+_RETRIED_STATUSES = (408, 409)
+
+
 class _MalformedReply(Exception):
     """A 200 reply without usable choices."""
 
@@ -143,12 +147,17 @@ class OpenAIModel(Model):
         estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in params["messages"])
         last_error: BaseException | None = None
         attempt = 0
+        handle = None
         while attempt <= self.max_retries:
+            # A failed attempt's estimate leaves the token window: it was not served.
+            self._limits.record_actual(handle, 0)
+            handle = None
             _downgrade_format(params, self._rejected_formats)
             delay: float | None = None
             try:
-                handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
                 async with self._semaphore:
+                    # Inside the slot, so the rate limits count requests when they are sent.
+                    handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
                     # The client's generic post skips the SDK's typed request transform and
                     # response models: about a third less CPU per call, same errors and auth.
                     response = await client.post("/chat/completions", body=params, cast_to=httpx2.Response)
@@ -175,7 +184,9 @@ class OpenAIModel(Model):
                 headers = getattr(getattr(exc, "response", None), "headers", None)
                 delay = retry_after_seconds(headers)
             except openai.APIStatusError as exc:
-                raise LLMRequestError(f"{self.name}: request failed: {exc.message}", exc.status_code) from exc
+                if exc.status_code not in _RETRIED_STATUSES:
+                    raise LLMRequestError(f"{self.name}: request failed: {exc.message}", exc.status_code) from exc
+                last_error, delay = exc, retry_after_seconds(exc.response.headers)
             attempt += 1
             if attempt > self.max_retries:
                 break
@@ -184,6 +195,7 @@ class OpenAIModel(Model):
                 "%s: %s; retry %d/%d in %.2fs", self.name, _describe(last_error), attempt, self.max_retries, delay
             )
             await asyncio.sleep(delay)
+        self._limits.record_actual(handle, 0)
         raise LLMUnavailableError(
             f"{self.name}: gave up after {self.max_retries + 1} attempts: {_describe(last_error)}",
             attempts=self.max_retries + 1,

@@ -143,12 +143,7 @@ class PreferencePairBuilder:
                         continue
                     seen.add(key)
                 pairs.append(pair)
-        pairs = _group_by_example(pairs)
-        stats.pairs = len(pairs)
-        for pair in pairs:
-            stats.by_source[pair.source] = stats.by_source.get(pair.source, 0) + 1
-        logger.info("preference pairs: %s", stats.summary())
-        return pairs
+        return _finish(pairs, stats, "preference pairs")
 
     def _candidates(self, turn: Turn, stats: BuilderStats) -> list[TurnCandidate] | None:
         """The turn's candidates, merged and sorted best first; None when the turn is skipped."""
@@ -236,12 +231,17 @@ class PreferencePairBuilder:
             examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
                                               example_id=turn.example_id, prompt=turn.prompt,
                                               response=best.response, score=best.score))
-        examples = _group_by_example(examples)
-        stats.pairs = len(examples)
-        for example in examples:
-            stats.by_source[example.source] = stats.by_source.get(example.source, 0) + 1
-        logger.info("best responses: %s", stats.summary())
-        return examples
+        return _finish(examples, stats, "best responses")
+
+
+def _finish(items: list[Any], stats: BuilderStats, label: str) -> list[Any]:
+    """Group by example, count by source, log the builder's figures."""
+    items = _group_by_example(items)
+    stats.pairs = len(items)
+    for item in items:
+        stats.by_source[item.source] = stats.by_source.get(item.source, 0) + 1
+    logger.info("%s: %s", label, stats.summary())
+    return items
 
 
 def _merge_identical(candidates: Sequence[TurnCandidate]) -> list[TurnCandidate]:

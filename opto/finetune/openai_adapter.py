@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ from typing import Any, Literal
 import openai
 from pydantic import BaseModel, Field
 
-from ..llm.openai_model import OpenAIModel
+from ..llm.openai_model import OpenAIModel, resolve_credentials
 from ..preference.schemas import validate_jsonl
 from .base import (
     FineTuneError,
@@ -135,22 +134,13 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         self.method: Method = method
         self.hyperparameters = hyperparameters
         self.suffix = suffix
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         self.seed = seed
         self.min_examples = min_examples
         self.timeout = timeout
         self.max_retries = max_retries
         self.file_poll_interval = file_poll_interval
         self.file_timeout = file_timeout
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key:
-            if self.base_url is None:
-                raise ValueError(
-                    "OpenAIFineTuneAdapter needs an API key: pass api_key=... or set OPENAI_API_KEY "
-                    "(or pass base_url=... for an OpenAI-compatible endpoint that needs none)"
-                )
-            key = "no-key-needed"
-        self._api_key = key
+        self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIFineTuneAdapter")
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self.jobs: list[TrainingJobRef] = []

@@ -24,18 +24,35 @@ __all__ = ["OpenAIModel"]
 
 logger = logging.getLogger(__name__)
 
-# Failures worth another try: the server is busy, broken for a moment, or unreachable.
+# Failures worth another try without a status: unreachable, timed out, or a broken reply.
 _TRANSIENT = (
-    openai.RateLimitError,
-    openai.InternalServerError,
     openai.APIConnectionError,  # includes APITimeoutError
     openai.APIResponseValidationError,
     json.JSONDecodeError,
 )
 
 
-# Other statuses that mean "try again": request timeout and conflict (as the SDK does).
-_RETRIED_STATUSES = (408, 409)
+def _is_transient_status(status: int) -> bool:
+    """Busy, broken for a moment, request timeout or conflict (as the SDK retries them)."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> tuple[str | None, str]:
+    """The API root and key: arguments first, then OPENAI_BASE_URL / OPENAI_API_KEY.
+
+    A custom base_url with no key gets a placeholder (local servers need none); OpenAI
+    itself without a key is a clear error.
+    """
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not api_key:
+        if base_url is None:
+            raise ValueError(
+                f"{who} needs an API key: pass api_key=... or set OPENAI_API_KEY "
+                "(or pass base_url=... for an OpenAI-compatible server that needs none)"
+            )
+        api_key = "no-key-needed"
+    return base_url, api_key
 
 
 class _MalformedReply(Exception):
@@ -85,16 +102,7 @@ class OpenAIModel(Model):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        api_key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not api_key:
-            if self.base_url is None:
-                raise ValueError(
-                    "OpenAIModel needs an API key: pass api_key=... or set OPENAI_API_KEY "
-                    "(or pass base_url=... for a local OpenAI-compatible server)"
-                )
-            api_key = "no-key-needed"
-        self._api_key = api_key
+        self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIModel")
         self.max_concurrency = max_concurrency
         self.timeout = timeout
         self.max_retries = max_retries
@@ -164,29 +172,22 @@ class OpenAIModel(Model):
                 completion = self._to_completion(response.json(), estimate)
                 self._limits.record_actual(handle, completion.usage.total_tokens)
                 return completion
-            except (openai.BadRequestError, openai.InternalServerError) as exc:
+            except openai.APIStatusError as exc:
                 kind = (params.get("response_format") or {}).get("type")
-                # Some servers (llama-cpp-python's) answer an unsupported format with a 500.
-                if kind and _about_response_format(exc):
-                    # Many compatible servers reject a schema or JSON mode: step down. A request
-                    # sent before a concurrent one recorded the rejection steps down too.
+                # Servers reject a schema or JSON mode with a 400, some (llama-cpp-python's)
+                # with a 500: step down. A request sent before a concurrent one recorded the
+                # rejection steps down too.
+                if kind and exc.status_code in (400, 500) and _about_response_format(exc):
                     if kind not in self._rejected_formats:
                         logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
                                        exc.message)
                         self._rejected_formats.add(kind)
                     continue
-                if isinstance(exc, openai.InternalServerError):
-                    last_error, delay = exc, retry_after_seconds(exc.response.headers)
-                else:
+                if not _is_transient_status(exc.status_code):
                     raise LLMRequestError(f"{self.name}: request rejected: {exc.message}", exc.status_code) from exc
-            except (*_TRANSIENT, _MalformedReply) as exc:
-                last_error = exc
-                headers = getattr(getattr(exc, "response", None), "headers", None)
-                delay = retry_after_seconds(headers)
-            except openai.APIStatusError as exc:
-                if exc.status_code not in _RETRIED_STATUSES:
-                    raise LLMRequestError(f"{self.name}: request failed: {exc.message}", exc.status_code) from exc
                 last_error, delay = exc, retry_after_seconds(exc.response.headers)
+            except (*_TRANSIENT, _MalformedReply) as exc:
+                last_error, delay = exc, None
             attempt += 1
             if attempt > self.max_retries:
                 break

@@ -236,7 +236,7 @@ class Aggregator:
         """Extract a candidate; an unreadable or truncated reply gets one repair request."""
         extraction = extract_with_method(text)
         repaired = False
-        if truncated or not (extraction.method or extraction.terminate):
+        if truncated or extraction.failed:
             repair = [
                 *messages,
                 {"role": "assistant", "content": text},
@@ -254,7 +254,7 @@ class Aggregator:
             # A value cut mid-way must never be applied as if it were whole.
             return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
                              error="reply truncated at max_tokens, even after a repair request")
-        if not (extraction.method or extraction.terminate):
+        if extraction.failed:
             return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
                              error="no suggestion could be extracted, even after a repair request")
         result = construct_update(params, extraction.suggestion)

@@ -42,8 +42,14 @@ class Proposal(BaseModel):
     raw_response: str = ""
     prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
     extraction_method: str | None = None
+    terminate: bool = False
     skipped: list[dict[str, Any]] = Field(default_factory=list)
     truncated: bool = False
+
+    @property
+    def unreadable(self) -> bool:
+        """Nothing could be read from the reply (not even a "no change")."""
+        return self.extraction_method is None and not self.terminate
 
 
 class Optimizer:
@@ -114,6 +120,7 @@ class Optimizer:
                     raw_response=text,
                     prompt_messages=messages,
                     extraction_method=extraction.method,
+                    terminate=extraction.terminate,
                     skipped=[asdict(s) for s in result.skipped],
                     truncated=completion.truncated,
                 )

@@ -45,6 +45,12 @@ class Rollout(BaseModel):
     def failed(self) -> bool:
         return self.error is not None
 
+    def to_record(self) -> dict[str, Any]:
+        """The rollout as ledger fields (`instance_id` links it to proposals and candidates)."""
+        record = self.model_dump(mode="json")
+        record["instance_id"] = record.pop("example_id")
+        return record
+
 
 def mean_score(rollouts: Sequence[Rollout]) -> float | None:
     """Mean of the scores that exist; None when no rollout could be judged."""

@@ -149,7 +149,7 @@ class AggregatedUpdate(Minibatch):
         rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
                                       concurrency=self.concurrency)
         for rollout in rollouts:
-            ctx.record("rollout", phase="train", candidate_id=None, **_rollout_record(rollout))
+            ctx.record("rollout", phase="train", candidate_id=None, **rollout.to_record())
         outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
         if self.score_proposals:
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts,
@@ -204,7 +204,7 @@ class AggregatedUpdate(Minibatch):
     async def _validate(self, vctx: ValidationContext, candidate: Candidate, ctx: StepContext) -> Decision:
         decision = await self.validation.decide(vctx, candidate.candidate_id, self.to_param_dict(candidate.update))
         for rollout in decision.rollouts:
-            ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **_rollout_record(rollout))
+            ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **rollout.to_record())
         ctx.record("decision", **decision.model_dump(mode="json"), validation=self.validation.name)
         return decision
 
@@ -213,11 +213,6 @@ def _by_score(decision: Decision) -> float:
     """Sort key: the candidate's score, unscored last."""
     return float("-inf") if decision.candidate_score is None else decision.candidate_score
 
-
-def _rollout_record(rollout: Rollout) -> dict[str, Any]:
-    record = rollout.model_dump(mode="json")
-    record["instance_id"] = record.pop("example_id")
-    return record
 
 
 def _why_none(proposals: Sequence[Proposal], candidates: Sequence[Candidate]) -> str:

@@ -35,7 +35,6 @@ from pydantic import BaseModel
 from .._async import gather_all
 from ..agent import Agent
 from ..data import Example
-from ..extraction import extract_with_method
 from ..guides import Guide
 from ..optimizers import Proposal
 from ..rollout import Rollout, mean_score, run_rollouts
@@ -124,7 +123,7 @@ async def score_proposals(
         if not examples:
             return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []
         if not proposal.update:
-            if proposal.skipped or extract_with_method(proposal.raw_response).failed:
+            if proposal.skipped or proposal.unreadable:
                 return ProposalScore(**base, note="the proposal carries no usable update; nothing to score"), []
             ids = {e.id for e in examples}
             current = mean_score([r for r in rollouts if r.example_id in ids])
@@ -153,15 +152,10 @@ async def score_proposals(
         for result, scored in results:
             for rollout in scored:
                 ctx.record("rollout", phase="proposal_validation", candidate_id=None,
-                           proposal_id=result.proposal_id, **_rollout_record(rollout))
+                           proposal_id=result.proposal_id, **rollout.to_record())
             ctx.record("proposal_score", **result.model_dump(mode="json"))
     scores = [result for result, _ in results]
     logger.info("scored %d proposals (%s): %s", len(scores), mode,
                 ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores))
     return scores
 
-
-def _rollout_record(rollout: Rollout) -> dict[str, Any]:
-    record = rollout.model_dump(mode="json")
-    record["instance_id"] = record.pop("example_id")
-    return record

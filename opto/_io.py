@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "atomic_write_json", "atomic_write_text", "read_jsonl"]
+__all__ = ["append_jsonl", "atomic_write_json", "atomic_write_jsonl", "atomic_write_text", "read_jsonl"]
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -33,11 +33,20 @@ def atomic_write_json(path: str | Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+def _jsonl(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
+
+
+def atomic_write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
+    """Replace a JSONL file atomically."""
+    atomic_write_text(path, _jsonl(records))
+
+
 def append_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
     """Append whole lines and fsync, so a crash loses at most a torn last line."""
     if not records:
         return
-    text = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
+    text = _jsonl(records)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

@@ -8,6 +8,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .preference import FORMATS, SOURCES
+
 __all__ = ["main"]
 
 
@@ -127,9 +129,9 @@ def _finetune(args: argparse.Namespace) -> int:
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="turn a run's ledger into preference (or supervised) data")
     export.add_argument("run_dir", help="the run directory (holding ledger.jsonl)")
-    export.add_argument("--source", choices=["optimizer", "aggregator", "agent", "all"], default="all",
+    export.add_argument("--source", choices=[*SOURCES, "all"], default="all",
                         help="which turns to use (default all)")
-    export.add_argument("--format", choices=["openai-dpo", "openai-sft", "trl", "trl-chat", "nemo"],
+    export.add_argument("--format", choices=list(FORMATS),
                         default="openai-dpo", help="the output format (default openai-dpo)")
     export.add_argument("--out", required=True, help="the JSONL file to write")
     export.add_argument("--validation-fraction", type=float, default=0.0,

@@ -8,14 +8,13 @@ Nothing is pickled and no API key is ever written.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ._io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from ._io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl
 from .llm.usage import UsageStats
 
 __all__ = ["Checkpoint", "RunDir"]
@@ -86,7 +85,7 @@ class RunDir:
             records = read_jsonl(path)
             kept = [r for r in records if r.get("step", 0) <= step]
             if len(kept) != len(records):
-                atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+                atomic_write_jsonl(path, kept)
 
     def reset(self) -> None:
         """Start afresh: remove the files of an earlier run in this folder."""

@@ -51,8 +51,9 @@ class LocalModel(Model):
         cache, budget, prices: see `Model`.
 
     `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
-    grammar; a `json_schema` format constrains it to that schema. One llama context is not thread-safe, so calls run one at a time in a
-    dedicated worker thread, and the event loop stays free meanwhile.
+    grammar; a `json_schema` format constrains it to that schema. One llama context is
+    not thread-safe, so calls run one at a time in a dedicated worker thread, and the
+    event loop stays free meanwhile.
     """
 
     def __init__(

@@ -44,7 +44,7 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -171,26 +171,13 @@ def _optimizer_turns(records: list[dict[str, Any]], reading: TurnReading) -> lis
     if proposals and not scores:
         logger.warning("the run has proposals but no proposal_score records: optimizer turns need "
                        "AggregatedUpdate(..., score_proposals='instance') (and num_proposals > 1)")
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in proposals:
-        prompt = _messages(record.get("prompt_messages"))
-        groups[_key(record.get("step", 0), record.get("instance_id", ""), prompt)].append(record)
-    turns = []
-    for members in groups.values():
-        first = members[0]
-        step, example_id = int(first.get("step", 0)), str(first.get("instance_id", ""))
-        prompt = _messages(first.get("prompt_messages"))
-        candidates = []
-        for record in members:
-            score = scores.get(record.get("proposal_id"))
-            if score is None:
-                reading.note("optimizer: proposal without a score")
-                continue
-            candidates.append(TurnCandidate(response=str(record.get("raw_response", "")), score=score,
-                                            ref=str(record.get("proposal_id"))))
-        turns.append(Turn(turn_id=_turn_id("optimizer", step, prompt, example_id), source="optimizer",
-                          step=step, example_id=example_id, prompt=prompt, candidates=candidates))
-    return turns
+    return _scored_turns(
+        "optimizer", proposals, reading,
+        example_of=lambda r: str(r.get("instance_id", "")),
+        score_of=lambda r: scores.get(r.get("proposal_id")),
+        ref_of=lambda r: str(r.get("proposal_id")),
+        unscored="optimizer: proposal without a score",
+    )
 
 
 def _aggregator_turns(records: list[dict[str, Any]], reading: TurnReading) -> list[Turn]:
@@ -200,30 +187,54 @@ def _aggregator_turns(records: list[dict[str, Any]], reading: TurnReading) -> li
     for record in decisions:
         if record.get("candidate_id") and _score(record.get("current_score")) is not None:
             current.setdefault(int(record.get("step", 0)), _score(record.get("current_score")))
+
+    def score_of(record: dict[str, Any]) -> float | None:
+        score = scores.get(record.get("candidate_id"))
+        if score is None and not record.get("update") and not record.get("error"):
+            score = current.get(int(record.get("step", 0)))  # "no change": the current values' score
+        return score
+
+    # Intermediate group merges are never validated, so only final candidates count.
+    finals = [r for r in _of_type(records, "candidate") if r.get("final", True)]
+    return _scored_turns(
+        "aggregator", finals, reading,
+        example_of=lambda r: f"step-{int(r.get('step', 0))}",  # the prompt covers the whole batch
+        score_of=score_of,
+        ref_of=lambda r: str(r.get("candidate_id")),
+        unscored="aggregator: candidate without a validation score",
+    )
+
+
+def _scored_turns(
+    source: Source,
+    records: list[dict[str, Any]],
+    reading: TurnReading,
+    *,
+    example_of: Callable[[dict[str, Any]], str],
+    score_of: Callable[[dict[str, Any]], float | None],
+    ref_of: Callable[[dict[str, Any]], str],
+    unscored: str,
+) -> list[Turn]:
+    """Group LLM replies by (step, example, prompt messages); each scored reply is a candidate."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in _of_type(records, "candidate"):
-        if not record.get("final", True):
-            continue  # intermediate group merges are never validated
+    for record in records:
         prompt = _messages(record.get("prompt_messages"))
-        groups[_key(record.get("step", 0), prompt)].append(record)
+        groups[_key(record.get("step", 0), example_of(record), prompt)].append(record)
     turns = []
     for members in groups.values():
         first = members[0]
-        step = int(first.get("step", 0))
+        step, example_id = int(first.get("step", 0)), example_of(first)
         prompt = _messages(first.get("prompt_messages"))
         candidates = []
         for record in members:
-            score = scores.get(record.get("candidate_id"))
-            if score is None and not record.get("update") and not record.get("error"):
-                score = current.get(step)  # "no change": the current values' score
+            score = score_of(record)
             if score is None:
-                reading.note("aggregator: candidate without a validation score")
+                reading.note(unscored)
                 continue
             candidates.append(TurnCandidate(response=str(record.get("raw_response", "")), score=score,
-                                            ref=str(record.get("candidate_id"))))
-        example_id = f"step-{step}"
-        turns.append(Turn(turn_id=_turn_id("aggregator", step, prompt, example_id), source="aggregator",
-                          step=step, example_id=example_id, prompt=prompt, candidates=candidates))
+                                            ref=ref_of(record)))
+        turns.append(Turn(turn_id=_turn_id(source, step, prompt, example_id), source=source, step=step,
+                          example_id=example_id, prompt=prompt, candidates=candidates))
     return turns
 
 

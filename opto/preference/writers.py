@@ -7,12 +7,11 @@ Each writer turns items into records, validates every record against its format'
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .._io import atomic_write_text
+from .._io import atomic_write_jsonl
 from .pairs import PreferencePair, SupervisedExample
 from .schemas import FORMATS, validate_record
 
@@ -73,7 +72,7 @@ class Writer:
     def write(self, items: Sequence[Any], path: str | Path) -> int:
         """Write the items as JSONL (atomically); returns the number of records."""
         records = self.records(items)
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        atomic_write_jsonl(path, records)
         return len(records)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import atomic_write_text
+from ._io import atomic_write_json
 from .parameters import Parameter, assign
 
 __all__ = ["Agent", "agent"]
@@ -117,7 +117,7 @@ class Agent:
     def save(self, path: str | Path) -> None:
         """Write the stored parameter values as JSON."""
         values = {name: p.stored_value for name, p in self.named_parameters().items()}
-        atomic_write_text(path, json.dumps(values, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_json(path, values)
 
     def load(self, path: str | Path) -> None:
         """Read values written by `save`; unknown names or bad values change nothing."""

@@ -131,34 +131,27 @@ class PreferencePairBuilder:
         pairs: list[PreferencePair] = []
         seen: set[str] = set()
         for turn in turns:
-            candidates = self._candidates(turn, stats)
-            if candidates is None:
+            ranked = self._ranked(turn, stats)
+            if len(ranked) == 1:
+                stats.turns_skipped_single_candidate += 1
+            if len(ranked) < 2:
                 continue
-            made = self._pairs_of(turn, candidates, stats)
-            for pair in made:
-                if self.deduplicate:
-                    key = json.dumps([pair.prompt, pair.chosen, pair.rejected], ensure_ascii=False)
-                    if key in seen:
-                        stats.duplicate_pairs_removed += 1
-                        continue
-                    seen.add(key)
-                pairs.append(pair)
+            for pair in self._pairs_of(turn, ranked, stats):
+                if not self.deduplicate or _first_time([pair.prompt, pair.chosen, pair.rejected], seen, stats):
+                    pairs.append(pair)
         return _finish(pairs, stats, "preference pairs")
 
-    def _candidates(self, turn: Turn, stats: BuilderStats) -> list[TurnCandidate] | None:
-        """The turn's candidates, merged and sorted best first; None when the turn is skipped."""
+    def _ranked(self, turn: Turn, stats: BuilderStats) -> list[TurnCandidate]:
+        """The turn's candidates, merged and sorted best first ([] when nothing was scored)."""
         candidates = list(turn.candidates)
         if not candidates:
-            return None  # nothing scored at all: not counted as a turn
+            return []  # nothing scored at all: not counted as a turn
         stats.turns += 1
         if self.deduplicate:
             merged = _merge_identical(candidates)
             stats.duplicate_candidates_merged += len(candidates) - len(merged)
             candidates = merged
         stats.candidates += len(candidates)
-        if len(candidates) < 2:
-            stats.turns_skipped_single_candidate += 1
-            return None
         # Stable sort: equal scores keep their recorded order.
         return sorted(candidates, key=lambda c: -c.score)
 
@@ -203,16 +196,9 @@ class PreferencePairBuilder:
         examples: list[SupervisedExample] = []
         seen: set[str] = set()
         for turn in turns:
-            candidates = list(turn.candidates)
-            if not candidates:
+            ranked = self._ranked(turn, stats)
+            if not ranked:
                 continue
-            stats.turns += 1
-            if self.deduplicate:
-                merged = _merge_identical(candidates)
-                stats.duplicate_candidates_merged += len(candidates) - len(merged)
-                candidates = merged
-            stats.candidates += len(candidates)
-            ranked = sorted(candidates, key=lambda c: -c.score)
             best = ranked[0]
             if self.require_multiple_candidates:
                 if len(ranked) < 2:
@@ -222,16 +208,22 @@ class PreferencePairBuilder:
                 if diff <= 0 or diff < self.min_score_diff:
                     stats.pairs_skipped_small_diff += 1
                     continue
-            if self.deduplicate:
-                key = json.dumps([turn.prompt, best.response], ensure_ascii=False)
-                if key in seen:
-                    stats.duplicate_pairs_removed += 1
-                    continue
-                seen.add(key)
+            if self.deduplicate and not _first_time([turn.prompt, best.response], seen, stats):
+                continue
             examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
                                               example_id=turn.example_id, prompt=turn.prompt,
                                               response=best.response, score=best.score))
         return _finish(examples, stats, "best responses")
+
+
+def _first_time(parts: list[Any], seen: set[str], stats: BuilderStats) -> bool:
+    """Whether an item is new; a repeat is counted as removed."""
+    key = json.dumps(parts, ensure_ascii=False)
+    if key in seen:
+        stats.duplicate_pairs_removed += 1
+        return False
+    seen.add(key)
+    return True
 
 
 def _finish(items: list[Any], stats: BuilderStats, label: str) -> list[Any]:

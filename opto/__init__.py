@@ -25,7 +25,7 @@ from .optimizers import Optimizer, Proposal
 from .parameters import Constraint, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import Rollout
-from .trainer import AggregatedUpdate, EvalResult, Minibatch, TrainResult, aevaluate, evaluate
+from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
 
 __version__ = "0.1.0"
 
@@ -60,6 +60,7 @@ __all__ = [
     "Rollout",
     "RunDir",
     "ScriptedModel",
+    "TooManyFailures",
     "TrainResult",
     "aevaluate",
     "agent",

@@ -1,15 +1,26 @@
-"""Crash-safe file writes: whole files by rename, appends by fsync."""
+"""Crash-safe file writes: whole files by rename, appends by fsync, torn tails repaired."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "atomic_write_json", "atomic_write_jsonl", "atomic_write_text", "read_jsonl"]
+__all__ = [
+    "append_jsonl",
+    "atomic_write_json",
+    "atomic_write_jsonl",
+    "atomic_write_text",
+    "read_jsonl",
+    "repair_jsonl",
+    "to_json_line",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -29,12 +40,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def to_json_line(value: Any, *, indent: int | None = None) -> str:
+    """`value` as JSON text that can always be written as UTF-8.
+
+    Text stays readable (no `\\u` escapes) unless it holds a lone surrogate (a broken
+    escape in a model reply), which UTF-8 cannot encode: then the record is escaped
+    as ASCII, which `json.loads` reads back to the very same string.
+    """
+    text = json.dumps(value, indent=indent, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, indent=indent, ensure_ascii=True, default=str)
+    return text
+
+
 def atomic_write_json(path: str | Path, value: Any) -> None:
-    atomic_write_text(path, json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+    atomic_write_text(path, to_json_line(value, indent=2) + "\n")
 
 
 def _jsonl(records: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
+    return "".join(to_json_line(r) + "\n" for r in records)
 
 
 def atomic_write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
@@ -43,14 +69,73 @@ def atomic_write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
 
 
 def append_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
-    """Append whole lines and fsync, so a crash loses at most a torn last line."""
+    """Append whole lines and fsync, so a crash loses at most a torn last line.
+
+    A torn last line left by an earlier crash is cut off first, so the new records
+    never get glued onto it.
+    """
     if not records:
         return
     text = _jsonl(records)
+    repair_jsonl(path)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def repair_jsonl(path: str | Path) -> bool:
+    """Make a JSONL file end on a whole line; True if it had to be repaired.
+
+    A last line with no newline (from a crash mid-append) is cut off, unless it is a
+    complete JSON record, which then only gets its newline (as `read_jsonl` reads it).
+    Complete lines before it are never touched.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb+") as handle:
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) == b"\n":
+            return False
+        keep = _last_line_start(handle, size)
+        handle.seek(keep)
+        tail = handle.read()
+        if _is_json(tail):
+            handle.write(b"\n")
+            action = "added the missing newline after the last record"
+        else:
+            handle.truncate(keep)
+            action = f"removed a torn last line ({size - keep} bytes)"
+        handle.flush()
+        os.fsync(handle.fileno())
+    logger.warning("%s: %s, left by an interrupted write", path, action)
+    return True
+
+
+def _last_line_start(handle: Any, size: int) -> int:
+    """Offset just after the last newline (0 when there is none), reading back in blocks."""
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        handle.seek(start)
+        cut = handle.read(end - start).rfind(b"\n")
+        if cut != -1:
+            return start + cut + 1
+        end = start
+    return 0
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return True
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -59,7 +144,10 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return records
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # Split on "\n" only: records may hold U+2028 and other breaks that splitlines() cuts at.
+    lines = path.read_text(encoding="utf-8").split("\n")
+    while lines and not lines[-1]:
+        lines.pop()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

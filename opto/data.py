@@ -93,24 +93,32 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"dataset file not found: {path}")
     rows: list[tuple[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"line {number} of {path}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(
-                    f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); each line must be one "
-                    'JSON object such as {"x": "question", "info": "answer"}'
-                ) from exc
-            if not isinstance(row, dict):
-                raise DatasetError(
-                    f"{where} is a JSON {type(row).__name__}, not an object; write each row as "
-                    '{"x": ..., "info": ...}'
-                )
-            rows.append((where, row))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{path} is not UTF-8 text (byte {exc.start}, on line {line}, cannot be decoded: {exc.reason}); "
+            "a dataset file must be JSON lines in UTF-8 (is it a binary or compressed file?)"
+        ) from None
+    # split on "\n" only: JSON text may hold U+2028, which splitlines() would break on
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"line {number} of {path}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(
+                f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); each line must be one "
+                'JSON object such as {"x": "question", "info": "answer"}'
+            ) from exc
+        if not isinstance(row, dict):
+            raise DatasetError(
+                f"{where} is a JSON {type(row).__name__}, not an object; write each row as "
+                '{"x": ..., "info": ...}'
+            )
+        rows.append((where, row))
     return rows
 
 

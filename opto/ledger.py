@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ._io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl
+from ._io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, repair_jsonl
 from .llm.usage import UsageStats
 
 __all__ = ["Checkpoint", "RunDir"]
@@ -38,6 +38,9 @@ class Checkpoint(BaseModel):
     test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False
+    # The metrics line of the last step while its evaluation has not finished: a stop
+    # during that evaluation keeps the step, and resume evaluates again and writes it.
+    pending_metrics: dict[str, Any] | None = None
 
 
 class RunDir:
@@ -79,11 +82,18 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_path)
 
-    def discard_after(self, step: int) -> None:
-        """Drop records of steps after `step` (work of an interrupted step, redone on resume)."""
-        for path in (self.ledger_path, self.metrics_path):
+    def discard_after(self, step: int, *, metrics_step: int | None = None) -> None:
+        """Drop records of steps after `step` (work of an interrupted step, redone on resume).
+
+        Metrics lines are kept up to `metrics_step` (default `step`): a step whose
+        evaluation was interrupted keeps its ledger records but gets its line again.
+        Torn last lines from a crash mid-append are repaired first.
+        """
+        limits = {self.ledger_path: step, self.metrics_path: step if metrics_step is None else metrics_step}
+        for path, limit in limits.items():
+            repair_jsonl(path)
             records = read_jsonl(path)
-            kept = [r for r in records if r.get("step", 0) <= step]
+            kept = [r for r in records if r.get("step", 0) <= limit]
             if len(kept) != len(records):
                 atomic_write_jsonl(path, kept)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Constraint", "Parameter", "ParameterError", "assign", "current_assignment"]
+__all__ = ["Constraint", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
 
 #: Python types a parameter may hold; bool is checked before int because bool is an int.
 SUPPORTED_TYPES: tuple[type, ...] = (bool, str, int, float, list, dict)
@@ -26,6 +26,8 @@ SUPPORTED_TYPES: tuple[type, ...] = (bool, str, int, float, list, dict)
 _OVERRIDES: contextvars.ContextVar[Mapping[Any, Any] | None] = contextvars.ContextVar(
     "opto_parameter_overrides", default=None
 )
+# Names of the parameters read in the current task, while `track_reads` is active.
+_READS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("opto_parameter_reads", default=None)
 
 
 class ParameterError(ValueError):
@@ -139,6 +141,9 @@ class Parameter:
         A list or dict is returned as a copy, so agent code that mutates it cannot change
         the stored value (accepting an update is the only write).
         """
+        reads = _READS.get()
+        if reads is not None and self.name is not None:
+            reads.add(self.name)
         overrides = _OVERRIDES.get()
         value = self._value
         if overrides:
@@ -206,6 +211,21 @@ def _type_of_or_none(value: Any) -> type | None:
 def current_assignment() -> Mapping[Any, Any]:
     """The override map active in this task (empty outside any `assign`)."""
     return _OVERRIDES.get() or {}
+
+
+@contextlib.contextmanager
+def track_reads() -> Iterator[set[str]]:
+    """Collect the names of the parameters whose `.value` is read inside the block.
+
+    Tasks and threads started inside add to the same set, so a rollout learns which
+    parameters its agent used (a trainable parameter never read has no effect).
+    """
+    reads: set[str] = set()
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from .data import Example
 from .guides import Guide
 from .llm.errors import BudgetExceeded
 from .llm.tracing import record_llm_calls
-from .parameters import Parameter, assign
+from .parameters import Parameter, assign, track_reads
 
 __all__ = ["Rollout", "mean_score", "run_rollout", "run_rollouts"]
 
@@ -40,6 +40,8 @@ class Rollout(BaseModel):
     feedback: str = ""
     trace: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
+    # Names of the parameters the agent read during this run (not written to the ledger).
+    parameters_read: list[str] = Field(default_factory=list, exclude=True, repr=False)
 
     @property
     def failed(self) -> bool:
@@ -65,31 +67,47 @@ async def run_rollout(
     *,
     values: Mapping[Parameter, Any] | None = None,
     min_score: float | None = None,
+    timeout: float | None = None,
 ) -> Rollout:
     """Run `agent` on `example` under `values` (none: the stored values) and judge it.
 
-    Agent and guide exceptions become a failed rollout; `BudgetExceeded` propagates,
+    Agent and guide exceptions become a failed rollout, and so does a run of agent and
+    guide longer than `timeout` seconds (a sync agent's thread cannot be stopped: it
+    finishes in the background, its result unused). `BudgetExceeded` propagates,
     because it means the run must stop, not that this example failed.
     """
     base = {"example_id": example.id or "", "x": example.x, "info": example.info}
-    with assign(values or {}), record_llm_calls() as trace:
+    with assign(values or {}), record_llm_calls() as trace, track_reads() as reads:
         try:
-            output = await agent.arun(example.x)
-        except BudgetExceeded:
-            raise
-        except Exception as exc:  # the agent's failure is data for the trainer
-            logger.debug("agent failed on %s: %r", example.id, exc)
-            return Rollout(**base, score=min_score, feedback=f"The agent raised {_describe(exc)}",
-                           trace=list(trace), error=f"agent: {_describe(exc)}")
+            if timeout is None:
+                fields = await _agent_then_guide(agent, guide, example, min_score)
+            else:
+                fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
+        except TimeoutError:
+            logger.debug("rollout on %s timed out after %s s", example.id, timeout)
+            error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
+            fields = {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
+    return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads))
+
+
+async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_score: float | None) -> dict[str, Any]:
+    """The rollout's fields after running the agent, then the guide on its output."""
+    try:
+        output = await agent.arun(example.x)
+    except BudgetExceeded:
+        raise
+    except Exception as exc:  # the agent's failure is data for the trainer
+        logger.debug("agent failed on %s: %r", example.id, exc)
+        return {"score": min_score, "feedback": f"The agent raised {_describe(exc)}", "error": f"agent: {_describe(exc)}"}
     try:
         feedback = await guide.aget_feedback(example.x, output, example.info)
     except BudgetExceeded:
         raise
     except Exception as exc:
         logger.debug("guide failed on %s: %r", example.id, exc)
-        return Rollout(**base, output=output, score=min_score, feedback=f"The guide raised {_describe(exc)}",
-                       trace=list(trace), error=f"guide: {_describe(exc)}")
-    return Rollout(**base, output=output, score=feedback.score, feedback=feedback.feedback, trace=list(trace))
+        return {"output": output, "score": min_score, "feedback": f"The guide raised {_describe(exc)}",
+                "error": f"guide: {_describe(exc)}"}
+    return {"output": output, "score": feedback.score, "feedback": feedback.feedback}
 
 
 async def run_rollouts(
@@ -100,6 +118,7 @@ async def run_rollouts(
     values: Mapping[Parameter, Any] | None = None,
     min_score: float | None = None,
     concurrency: int = 16,
+    timeout: float | None = None,
 ) -> list[Rollout]:
     """`run_rollout` on every example, at most `concurrency` at once, in input order."""
     if concurrency < 1:
@@ -108,7 +127,7 @@ async def run_rollouts(
 
     async def one(example: Example) -> Rollout:
         async with gate:
-            return await run_rollout(agent, guide, example, values=values, min_score=min_score)
+            return await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
 
     return await gather_all(one(e) for e in examples)
 

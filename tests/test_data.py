@@ -125,6 +125,23 @@ def test_jsonl_row_missing_x_reports_line_number(tmp_path: Path) -> None:
         load_dataset(path)
 
 
+@pytest.mark.parametrize("content", [b"\x1f\x8b\x08\x00gzip", '{"x": 1}\n'.encode() + b"\xff\xfe oops\n"])
+def test_a_binary_file_is_a_dataset_error_naming_the_file(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(DatasetError, match="not UTF-8 text") as caught:
+        load_dataset(path)
+    assert str(path) in str(caught.value)
+    assert ("on line 2" if content.startswith(b"{") else "on line 1") in str(caught.value)
+
+
+def test_a_row_may_hold_unicode_line_separators(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"x": "a\u2028b", "info": "c\u0085d"}\n', encoding="utf-8")
+    [example] = load_dataset(path)
+    assert example.x == "a\u2028b" and example.info == "c\u0085d"
+
+
 def test_missing_file() -> None:
     with pytest.raises(FileNotFoundError, match="dataset file not found"):
         load_dataset("/nonexistent/data.jsonl")

@@ -689,3 +689,193 @@ def test_an_agent_without_trainable_parameters_is_refused():
 
     with pytest.raises(ValueError, match="no trainable Parameter"):
         AggregatedUpdate(Frozen(), Optimizer(ScriptedModel([])))
+
+
+# ------------------------------------------------------- interruptions and torn files
+
+
+@pytest.mark.parametrize("interrupt_at", [21, 39], ids=["eval-after-step-3", "eval-after-the-last-step"])
+def test_resume_after_a_stop_in_the_evaluation_after_a_step(tmp_path, interrupt_at):
+    reference = run_uninterrupted(tmp_path)
+    run_dir = tmp_path / "b"
+    cache = ResponseCache(tmp_path / "b-cache.sqlite")
+    trainer, the_agent, models = resume_trainer(cache)
+    # guide calls: 6 (first test) + 3 steps x 4, then the test after step 3 (calls 19-24);
+    # then 3 more steps x 4, then the test after step 6 (calls 37-42)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(CountingGuide(interrupt_at=interrupt_at), RESUME_DATA, run_dir=run_dir, **RESUME_ARGS)
+    saved = json.loads((run_dir / "checkpoint.json").read_text())
+    step = 3 if interrupt_at == 21 else 6
+    assert saved["step"] == step and saved["pending_metrics"]["step"] == step
+    assert [m["step"] for m in RunDir(run_dir).metrics()] == list(range(1, step))  # its line is still owed
+
+    trainer2, agent2, models2 = resume_trainer(cache)
+    result = trainer2.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, resume=True, **RESUME_ARGS)
+    check_resumed(tmp_path, reference, run_dir, models, result, models2)
+    metrics = RunDir(run_dir).metrics()
+    ref_metrics = RunDir(tmp_path / "a").metrics()
+    keys = ("step", "score", "accepted", "candidate_score", "test_score")
+    assert [[m[k] for k in keys] for m in metrics] == [[m[k] for k in keys] for m in ref_metrics]
+
+
+@pytest.mark.parametrize("tail", ['{"type": "rollout", "step": 4, "insta', '{"step": 3, "score"'])
+def test_resume_repairs_a_torn_last_line(tmp_path, tail):
+    reference = run_uninterrupted(tmp_path)
+    run_dir = tmp_path / "b"
+    trainer, _, _ = resume_trainer()
+    trainer.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, **{**RESUME_ARGS, "num_epochs": 1})
+    for name in ("ledger.jsonl", "metrics.jsonl"):  # a crash in the middle of an append
+        with open(run_dir / name, "a", encoding="utf-8") as handle:
+            handle.write(tail)
+
+    trainer2, agent2, _ = resume_trainer()
+    result = trainer2.train(CountingGuide(), RESUME_DATA, run_dir=run_dir, resume=True, **RESUME_ARGS)
+    assert result.final_parameters == reference[0].final_parameters
+    for name in ("ledger.jsonl", "metrics.jsonl"):  # every line is whole JSON again
+        lines = (run_dir / name).read_text(encoding="utf-8").split("\n")
+        assert lines[-1] == "" and all(json.loads(line) for line in lines[:-1])
+    assert ledger_shape(run_dir) == ledger_shape(tmp_path / "a")
+    assert [m["step"] for m in RunDir(run_dir).metrics()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_lone_surrogates_are_cleaned_in_the_model_layer_and_kept_exact_in_the_ledger(tmp_path):
+    broken = "caf\ud83d"  # what json.loads makes of a broken escape, in a reply or a tool's output
+
+    class ToolAgent(LevelAgent):
+        async def forward(self, x):
+            answer = await super().forward(x)
+            return answer if x else broken  # x=0: the output of a tool, not of a model
+
+    brain = ScriptedModel(make_brain())
+    agent_model = ScriptedModel(lambda messages: broken if messages[1]["content"] == "1" else "0")
+    trainer = AggregatedUpdate(ToolAgent(agent_model), Optimizer(brain), llm=brain)
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
+    assert result.steps == 1 and result.stopped_reason is None
+    rollouts = {r["instance_id"]: r for r in RunDir(tmp_path).ledger() if r["type"] == "rollout"}
+    assert rollouts["x0"]["output"] == broken  # written and read back unchanged
+    assert rollouts["x1"]["output"] == "caf\ufffd"  # a model's reply is made valid where it enters
+    sent = [m["content"] for r in brain.requests for m in r["messages"]]
+    assert all("\ud83d" not in text for text in sent) and any("caf\ufffd" in text for text in sent)
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 1
+
+
+# ------------------------------------------------------- failures that must be seen
+
+
+class BoolGuide(Guide):
+    def get_feedback(self, x, output, info):
+        return output == info  # a bool is not a score
+
+
+class TypoAgent(Agent):
+    def __init__(self):
+        self.prompt = Parameter("Answer.")
+
+    def forward(self, x):
+        return self.promt.value  # the typo a new user makes
+
+
+def test_a_run_where_every_rollout_fails_stops_with_the_error(tmp_path, caplog):
+    trainer, the_agent, agent_model, brain = make_trainer()
+    with caplog.at_level("WARNING"):
+        result = trainer.train(BoolGuide(), dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path, **TRAIN)
+    assert result.steps == 0
+    assert result.stopped_reason is not None
+    assert "2 of 2 rollouts failed in step 1" in result.stopped_reason
+    assert "BoolGuide.get_feedback returned bool" in result.stopped_reason
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "returned bool" in r.getMessage()]
+    assert len(warnings) == 1  # the first failure of its kind, once
+    assert brain.requests == []  # nothing was paid for on a run that cannot work
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 0
+
+
+def test_an_agent_typo_stops_the_run_and_names_the_error():
+    trainer = AggregatedUpdate(TypoAgent(), Optimizer(ScriptedModel(["{}"])))
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), **TRAIN)
+    assert "AttributeError" in result.stopped_reason and "promt" in result.stopped_reason
+
+
+@pytest.mark.parametrize("max_failures, stops", [(1, True), (2, True), (3, False), (0.5, True), (1.0, False),
+                                                 (None, False)])
+def test_max_failures_counts_or_fractions(max_failures, stops):
+    trainer, the_agent, agent_model, brain = make_trainer(agent_kwargs={"fail_on": {0, 1}})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2, 3]), batch_size=4, max_failures=max_failures,
+                           **TRAIN)
+    assert (result.stopped_reason is not None) == stops
+    assert result.steps == (0 if stops else 1)
+
+
+def test_bad_max_failures_and_rollout_timeout_are_refused():
+    trainer, *_ = make_trainer()
+    for bad in (0, -1, 0.0, 1.5, "all", True):
+        with pytest.raises((ValueError, TypeError), match="max_failures"):
+            trainer.train(ExactMatchGuide(), dataset([0]), max_failures=bad, **TRAIN)
+    with pytest.raises(ValueError, match="rollout_timeout"):
+        trainer.train(ExactMatchGuide(), dataset([0]), rollout_timeout=0, **TRAIN)
+
+
+def test_evaluate_raises_when_every_example_fails_unless_told_not_to():
+    from opto import TooManyFailures
+
+    the_agent = LevelAgent(ScriptedModel(agent_reply), fail_on={0, 1})
+    with pytest.raises(TooManyFailures, match="2 of 2 rollouts failed in the evaluation"):
+        evaluate(the_agent, ExactMatchGuide(), dataset([0, 1]))
+    result = evaluate(the_agent, ExactMatchGuide(), dataset([0, 1]), max_failures=None)
+    assert result.n_failed == 2
+
+
+def test_a_failing_test_evaluation_stops_training_cleanly(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer(agent_kwargs={"fail_on": {7, 8}})
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), test_dataset=dataset([7, 8]), run_dir=tmp_path,
+                           **TRAIN)
+    assert "failed in the evaluation" in result.stopped_reason and result.steps == 0
+
+
+def test_a_trainable_parameter_the_agent_never_reads_is_warned_about_once(caplog):
+    class TwoKnobs(LevelAgent):
+        def __init__(self, model):
+            super().__init__(model)
+            self.unused = Parameter("never read", description="a knob forward forgets")
+
+    brain = ScriptedModel(make_brain())
+    trainer = AggregatedUpdate(TwoKnobs(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain)
+    with caplog.at_level("WARNING"):
+        trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), **TRAIN)
+    unread = [r.getMessage() for r in caplog.records if "never read" in r.getMessage()]
+    assert len(unread) == 1 and "'unused'" in unread[0]
+    assert "'system_prompt'" not in unread[0]
+
+
+def test_a_hanging_agent_times_out_and_the_step_goes_on(tmp_path):
+    class SlowOn9(LevelAgent):
+        async def forward(self, x):
+            if x == 9:
+                await asyncio.sleep(3600)  # a tool call that never returns
+            return await super().forward(x)
+
+    brain = ScriptedModel(make_brain())
+    trainer = AggregatedUpdate(SlowOn9(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain)
+    result = trainer.train(ExactMatchGuide(), dataset([9, 0]), batch_size=2, rollout_timeout=0.2,
+                           run_dir=tmp_path, **TRAIN)
+    assert result.steps == 1 and result.stopped_reason is None and result.accepted == 1
+    [timed_out] = [r for r in RunDir(tmp_path).ledger()
+                   if r["type"] == "rollout" and r["phase"] == "train" and r["instance_id"] == "x9"]
+    assert timed_out["error"].startswith("timeout:") and "rollout_timeout=0.2" in timed_out["error"]
+    assert len(requests_of(brain, "optimizer")) == 1  # the other instance still made its proposal
+
+
+def test_a_hanging_sync_agent_times_out_in_evaluate():
+    import time as time_module
+
+    class SyncSlow(Agent):
+        def __init__(self):
+            self.prompt = Parameter("p")
+
+        def forward(self, x):
+            if x == "1":
+                time_module.sleep(1.0)
+            return self.prompt.value
+
+    result = evaluate(SyncSlow(), ExactMatchGuide(), [("0", "p"), ("1", "p")], rollout_timeout=0.1)
+    assert result.scores[0] == 1.0 and result.n_failed == 1
+    assert "rollout_timeout=0.1" in result.rollouts[1].error

@@ -10,7 +10,7 @@ from typing import Any
 
 from .cache import ResponseCache, request_key
 from .tracing import record_call
-from .types import Completion, Message, TokenUsage, validate_messages
+from .types import Completion, Message, TokenUsage, valid_unicode, validate_messages
 from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
 
 __all__ = ["Model"]
@@ -136,6 +136,7 @@ class Model(ABC):
             raise
         if reservation is not None:
             self.budget.settle(reservation, fresh.usage, self.price)  # type: ignore[union-attr]
+        fresh.texts = [valid_unicode(text) for text in fresh.texts]
         cost = cost_of(fresh.usage, self.price)
         with self._usage_lock:
             self._usage.calls += 1

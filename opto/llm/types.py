@@ -60,7 +60,20 @@ def validate_messages(messages: Any) -> list[Message]:
             raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
         if message["role"] not in _ROLES:
             raise ValueError(f"messages[{index}] has unknown role {message['role']!r}; use one of {sorted(_ROLES)}")
-        checked.append(dict(message))
+        copy = dict(message)
+        if isinstance(copy["content"], str):
+            copy["content"] = valid_unicode(copy["content"])
+        checked.append(copy)
     return checked
+
+
+def valid_unicode(text: str) -> str:
+    """`text` with lone surrogates (from a broken escape in some JSON) replaced by U+FFFD,
+    so it can be cached, written to files and sent as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 

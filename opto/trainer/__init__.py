@@ -2,6 +2,7 @@
 
 from .aggregated import AggregatedUpdate, InstanceOutput
 from .evaluation import EvalResult, aevaluate, evaluate
+from .failures import TooManyFailures
 from .minibatch import Minibatch, StepContext, StepOutcome, TrainResult
 from .validation import DatasetValidation, Decision, MinibatchValidation, NoValidation, Validation
 
@@ -16,6 +17,7 @@ __all__ = [
     "NoValidation",
     "StepContext",
     "StepOutcome",
+    "TooManyFailures",
     "TrainResult",
     "Validation",
     "aevaluate",

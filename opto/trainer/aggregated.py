@@ -20,6 +20,7 @@ from ..optimizers import Optimizer, Proposal
 from ..parameters import Parameter
 from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
 from .minibatch import Minibatch, StepContext, StepOutcome
+from .failures import check_failures
 from .proposal_scoring import check_score_proposals, score_proposals
 from .validation import Decision, Validation, ValidationContext, make_validation
 
@@ -82,6 +83,7 @@ class AggregatedUpdate(Minibatch):
         # Limits concurrent optimizer calls; one per event loop, since a semaphore is bound
         # to the loop it first waits in (train() and a user's aforward() may use different loops).
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._unread_warned: set[str] = set()
 
     # Trace-compatible names -------------------------------------------------------------
 
@@ -123,7 +125,8 @@ class AggregatedUpdate(Minibatch):
         batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
         vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
                                  min_score=ctx.min_score, concurrency=self.concurrency,
-                                 improvement_threshold=self.improvement_threshold)
+                                 improvement_threshold=self.improvement_threshold,
+                                 rollout_timeout=ctx.rollout_timeout)
         decisions = [await self._validate(vctx, c, ctx) for c in usable]
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
@@ -147,15 +150,31 @@ class AggregatedUpdate(Minibatch):
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
         rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                      concurrency=self.concurrency)
+                                      concurrency=self.concurrency, timeout=ctx.rollout_timeout)
         for rollout in rollouts:
             ctx.record("rollout", phase="train", candidate_id=None, **rollout.to_record())
+        ctx.failure_log.note(rollouts, f"step {ctx.step}")
+        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+        self._warn_unread(rollouts)
         outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
         if self.score_proposals:
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts,
                                   [p for o in outputs for p in o.proposals], ctx=ctx, min_score=ctx.min_score,
-                                  concurrency=self.concurrency)
+                                  concurrency=self.concurrency, timeout=ctx.rollout_timeout)
         return await self.aupdate(outputs, ctx)
+
+    def _warn_unread(self, rollouts: Sequence[Rollout]) -> None:
+        """Warn once per parameter that the agent never read in a step where it ran:
+        the optimizer would be tuning a value that has no effect."""
+        ran = [r for r in rollouts if not r.failed]
+        if not ran:
+            return
+        read = set().union(*(r.parameters_read for r in ran))
+        for param in self.agent.parameters(trainable_only=True):
+            if param.name not in read and param.name not in self._unread_warned:
+                self._unread_warned.add(param.name)  # type: ignore[arg-type]
+                logger.warning("the agent never read the trainable parameter %r in this step: updates to it "
+                               "have no effect (read it through .value inside forward)", param.name)
 
     async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:
         if rollout.failed:

@@ -14,6 +14,7 @@ from ..data import load_dataset
 from ..guides import Guide
 from ..parameters import Parameter
 from ..rollout import Rollout, mean_score, run_rollouts
+from .failures import DEFAULT_MAX_FAILURES, FailureLog, check_failures, validate_max_failures
 
 __all__ = ["EvalResult", "aevaluate", "evaluate"]
 
@@ -53,12 +54,24 @@ async def aevaluate(
     concurrency: int = 16,
     values: Mapping[Parameter, Any] | None = None,
     min_score: float | None = None,
+    max_failures: int | float | None = DEFAULT_MAX_FAILURES,
+    rollout_timeout: float | None = None,
+    failure_log: FailureLog | None = None,
 ) -> EvalResult:
-    """Run and judge `agent` on every example of `dataset`, `concurrency` at a time."""
+    """Run and judge `agent` on every example of `dataset`, `concurrency` at a time.
+
+    A rollout longer than `rollout_timeout` seconds counts as failed. The first failure of
+    each kind is logged at WARNING. Raises `TooManyFailures` when the failed examples
+    reach `max_failures` (an int counts them, a float is a fraction of the dataset; the
+    default 1.0 raises only when every example failed; None never raises).
+    """
+    validate_max_failures(max_failures)
     examples = load_dataset(dataset)
     rollouts = await run_rollouts(
-        agent, guide, examples, values=values, min_score=min_score, concurrency=concurrency
+        agent, guide, examples, values=values, min_score=min_score, concurrency=concurrency, timeout=rollout_timeout
     )
+    (failure_log or FailureLog()).note(rollouts, "evaluation")
+    check_failures(rollouts, max_failures, "the evaluation")
     return EvalResult.from_rollouts(rollouts)
 
 
@@ -70,8 +83,11 @@ def evaluate(
     concurrency: int = 16,
     values: Mapping[Parameter, Any] | None = None,
     min_score: float | None = None,
+    max_failures: int | float | None = DEFAULT_MAX_FAILURES,
+    rollout_timeout: float | None = None,
 ) -> EvalResult:
     """Synchronous `aevaluate` (also works inside a running event loop)."""
     return run_sync(
-        aevaluate(agent, guide, dataset, concurrency=concurrency, values=values, min_score=min_score)
+        aevaluate(agent, guide, dataset, concurrency=concurrency, values=values, min_score=min_score,
+                  max_failures=max_failures, rollout_timeout=rollout_timeout)
     )

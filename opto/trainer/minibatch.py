@@ -19,6 +19,7 @@ from ..ledger import Checkpoint, RunDir
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import UsageStats, meter_usage
 from .evaluation import aevaluate
+from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 
 __all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
 
@@ -40,6 +41,9 @@ class StepContext(BaseModel):
     min_score: float | None
     verbose: bool
     run: RunDir | None = None
+    max_failures: int | float | None = DEFAULT_MAX_FAILURES
+    rollout_timeout: float | None = None
+    failure_log: FailureLog = Field(default_factory=FailureLog)
 
     def record(self, kind: str, **fields: Any) -> None:
         if self.run is not None:
@@ -144,6 +148,8 @@ class Minibatch:
         seed: int = 0,
         shuffle: bool = True,
         progress: bool = True,
+        max_failures: int | float | None = DEFAULT_MAX_FAILURES,
+        rollout_timeout: float | None = None,
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
@@ -151,6 +157,11 @@ class Minibatch:
         end. With `run_dir`, the ledger, metrics and a checkpoint after every step are
         written there, and `resume=True` continues from the last completed step. A
         `BudgetExceeded` stops the run cleanly after saving what was done.
+
+        A rollout (agent + guide on one example) longer than `rollout_timeout` seconds
+        is a failed rollout. The run stops cleanly (`stopped_reason`) when the failed
+        rollouts of one step's batch, or of one evaluation, reach `max_failures`: an int
+        counts them, a float is a fraction (the default 1.0: all of them); None never stops.
         """
         if not hasattr(guide, "aget_feedback"):
             raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
@@ -162,6 +173,9 @@ class Minibatch:
             raise ValueError(f"eval_frequency must be >= 1 or None, got {eval_frequency}")
         if log_frequency is not None and log_frequency < 1:
             raise ValueError(f"log_frequency must be >= 1 or None, got {log_frequency}")
+        validate_max_failures(max_failures)
+        if rollout_timeout is not None and not rollout_timeout > 0:
+            raise ValueError(f"rollout_timeout must be a positive number of seconds or None, got {rollout_timeout}")
         started = time.monotonic()
         loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
         test = load_dataset(test_dataset) if test_dataset is not None else None
@@ -173,37 +187,56 @@ class Minibatch:
 
         bar = tqdm(total=num_epochs * len(loader), initial=state.step, disable=not progress,
                    desc=type(self).__name__, unit="step")
+        failure_log = FailureLog()
+
+        def context(step: int, epoch: int) -> StepContext:
+            return StepContext(step=step, epoch=epoch, guide=guide, stepsize=stepsize, min_score=min_score,
+                               verbose=verbose, run=run, max_failures=max_failures,
+                               rollout_timeout=rollout_timeout, failure_log=failure_log)
+
+        async def finish_step(ctx: StepContext) -> None:
+            """Evaluate if due, then write the step's metrics line: the step is done."""
+            if test is not None and eval_frequency and state.step % eval_frequency == 0:
+                state.test_scores.append((state.step, await self._evaluate(test, ctx)))
+            state.usage = _merge_usage(prior_usage, meter.by_model)
+            self._save(run, state, started)
+
         stopped: str | None = None
         with meter_usage() as meter:
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
-                    state.test_scores.append((0, await self._evaluate(guide, test, min_score)))
+                    state.test_scores.append((0, await self._evaluate(test, context(0, 0))))
+                if state.pending_metrics is not None:  # resumed inside the evaluation after a step
+                    await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
-                    ctx = StepContext(step=state.step + 1, epoch=epoch, guide=guide, stepsize=stepsize,
-                                      min_score=min_score, verbose=verbose, run=run)
+                    ctx = context(state.step + 1, epoch)
                     outcome = await self.step(batch, ctx)
                     self._account(state, ctx, outcome, loader)
-                    if test is not None and eval_frequency and state.step % eval_frequency == 0:
-                        state.test_scores.append((state.step, await self._evaluate(guide, test, min_score)))
+                    # The step's work is kept before its evaluation, so a stop there loses nothing.
                     state.usage = _merge_usage(prior_usage, meter.by_model)
-                    self._save(run, state, outcome, started)
+                    if run is not None:
+                        run.flush()
+                        run.save_checkpoint(state)
+                    await finish_step(ctx)
                     bar.update(1)
                     bar.set_postfix(score=_fmt(outcome.score), accepted=f"{state.accepted}/{state.step}")
                     if log_frequency and state.step % log_frequency == 0:
                         logger.info("step %d epoch %d score %s accepted %d rejected %d", state.step, epoch,
                                     _fmt(outcome.score), state.accepted, state.rejected)
                 if test is not None and (not state.test_scores or state.test_scores[-1][0] != state.step):
-                    state.test_scores.append((state.step, await self._evaluate(guide, test, min_score)))
+                    state.test_scores.append((state.step, await self._evaluate(test, context(state.step, state.epoch))))
                 state.finished = True
             except BudgetExceeded as exc:
                 stopped = f"budget exceeded: {exc}"
                 logger.warning("training stopped after step %d: %s", state.step, stopped)
+            except TooManyFailures as exc:
+                stopped = f"too many failures: {exc}"
+                logger.error("training stopped after step %d: %s", state.step, stopped)
             finally:
                 bar.close()
                 state.usage = _merge_usage(prior_usage, meter.by_model)
                 if run is not None:
-                    run.flush()  # whatever the unfinished step recorded is kept for audit
-                    run.save_checkpoint(state)
+                    _save_on_exit(run, state)
         return self._result(state, stopped, run, started)
 
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
@@ -230,14 +263,17 @@ class Minibatch:
                 )
         self.agent.apply(saved.parameters)
         loader.load_state_dict(saved.loader_state) if saved.loader_state else None
-        run.discard_after(saved.step)
+        pending = saved.pending_metrics is not None
+        run.discard_after(saved.step, metrics_step=saved.step - 1 if pending else None)
         saved.finished = False
         saved.config = config
         logger.info("resuming %s after step %d", run.path, saved.step)
         return saved
 
-    async def _evaluate(self, guide: Guide, test: list[Example], min_score: float | None) -> float | None:
-        result = await aevaluate(self.agent, guide, test, concurrency=self.concurrency, min_score=min_score)
+    async def _evaluate(self, test: list[Example], ctx: StepContext) -> float | None:
+        result = await aevaluate(self.agent, ctx.guide, test, concurrency=self.concurrency, min_score=ctx.min_score,
+                                 max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
+                                 failure_log=ctx.failure_log)
         return result.mean
 
     def _account(self, state: Checkpoint, ctx: StepContext, outcome: StepOutcome, loader: DataLoader) -> None:
@@ -251,16 +287,19 @@ class Minibatch:
             state.no_update += 1
         state.loader_state = loader.state_dict()
         state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+        state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": outcome.score,
+                                 "accepted": outcome.accepted, "candidate_score": outcome.candidate_score}
 
     @staticmethod
-    def _save(run: RunDir | None, state: Checkpoint, outcome: StepOutcome, started: float) -> None:
-        if run is None:
+    def _save(run: RunDir | None, state: Checkpoint, started: float) -> None:
+        """Write the finished step's metrics line, then a checkpoint that no longer owes it."""
+        metrics, state.pending_metrics = state.pending_metrics, None
+        if run is None or metrics is None:
             return
         total = sum(state.usage.values(), UsageStats())
         run.flush()
         run.log_metrics({
-            "step": state.step, "epoch": state.epoch, "score": outcome.score, "accepted": outcome.accepted,
-            "candidate_score": outcome.candidate_score,
+            **metrics,
             "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step else None,
             "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
             "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
@@ -282,6 +321,16 @@ class Minibatch:
             run_dir=str(run.path) if run else None,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def _save_on_exit(run: RunDir, state: Checkpoint) -> None:
+    """Keep what the run did, whatever stopped it: a failed ledger write must not also
+    cost the checkpoint."""
+    try:
+        run.flush()  # whatever the unfinished step recorded is kept for audit
+    except Exception:
+        logger.exception("could not write the last ledger records to %s", run.ledger_path)
+    run.save_checkpoint(state)
 
 
 def _fmt(score: float | None) -> str:

@@ -78,6 +78,7 @@ async def score_proposals(
     ctx: StepContext | None = None,
     min_score: float | None = None,
     concurrency: int = 16,
+    timeout: float | None = None,
 ) -> list[ProposalScore]:
     """Score every proposal's update on its own and record the results in `ctx`'s ledger.
 
@@ -90,6 +91,7 @@ async def score_proposals(
         ctx: where to record (`StepContext`); None records nothing.
         min_score: the score of a failed rollout (as in training).
         concurrency: agent runs at once, about.
+        timeout: seconds after which one rollout counts as failed (None: no limit).
 
     Returns:
         One `ProposalScore` per proposal, in input order.
@@ -108,7 +110,7 @@ async def score_proposals(
     async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
         async with gate:
             return await run_rollouts(agent, guide, examples, values=agent.resolve(cast(Mapping[Any, Any], update)),
-                                      min_score=min_score, concurrency=concurrency)
+                                      min_score=min_score, concurrency=concurrency, timeout=timeout)
 
     def examples_for(proposal: Proposal) -> list[Example]:
         if mode == "minibatch":

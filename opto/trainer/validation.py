@@ -41,6 +41,7 @@ class ValidationContext(BaseModel):
     min_score: float | None = None
     concurrency: int = 16
     improvement_threshold: float = 0.0
+    rollout_timeout: float | None = None
 
 
 class Validation:
@@ -93,8 +94,8 @@ class MinibatchValidation(Validation):
     name = "minibatch"
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        rollouts = await run_rollouts(ctx.agent, ctx.guide, ctx.batch, values=update,
-                                      min_score=ctx.min_score, concurrency=ctx.concurrency)
+        rollouts = await run_rollouts(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
+                                      concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
         return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
 
 
@@ -114,10 +115,10 @@ class DatasetValidation(Validation):
         params = ctx.agent.parameters()
         key = json.dumps({p.name: p.value for p in params}, sort_keys=True, default=str)
         if key not in self._current:
-            self._current[key] = await run_rollouts(ctx.agent, ctx.guide, self.examples,
-                                                    min_score=ctx.min_score, concurrency=ctx.concurrency)
-        rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update,
-                                      min_score=ctx.min_score, concurrency=ctx.concurrency)
+            self._current[key] = await run_rollouts(ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score,
+                                                    concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
+        rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score,
+                                      concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
         return self.compare(candidate_id, self._current[key], rollouts, ctx.improvement_threshold)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import numpy as np
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +24,8 @@ from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
 from .minibatch import Minibatch, StepContext, StepOutcome
 from .failures import check_failures
 from .proposal_scoring import check_score_proposals, score_proposals
-from .validation import Decision, Validation, ValidationContext, make_validation
+from .selection import START_ID, CandidatePool, check_selection
+from .validation import DatasetValidation, Decision, Validation, ValidationContext, make_validation
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
 
@@ -54,6 +57,10 @@ class AggregatedUpdate(Minibatch):
         improvement_threshold: a candidate must beat the current mean by more than this.
         score_proposals: None, or "instance" / "minibatch": also score each proposal's update
             on its own (see `opto.trainer.proposal_scoring`), for preference data.
+        selection: "greedy" (one incumbent: each step starts from the current values) or
+            "pareto" (a pool of every validated candidate; each step starts from a member
+            of its Pareto front, and the run ends with the best mean; see
+            `opto.trainer.selection`). "pareto" needs a validation dataset.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class AggregatedUpdate(Minibatch):
         validation: str | Validation | Any = "minibatch",
         improvement_threshold: float = 0.0,
         score_proposals: str | None = None,
+        selection: str = "greedy",
     ) -> None:
         super().__init__(agent, concurrency=concurrency)
         self.optimizer = optimizer
@@ -75,6 +83,15 @@ class AggregatedUpdate(Minibatch):
         self.validation = make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
+        self.selection = check_selection(selection)
+        if selection == "pareto" and not isinstance(self.validation, DatasetValidation):
+            raise ValueError(
+                "selection='pareto' compares candidates example by example on a fixed validation set: pass "
+                "validation=<a dataset> (e.g. bigbench(task, split='validation')), not "
+                f"{self.validation.name!r}"
+            )
+        self.pool = CandidatePool()
+        self._seed = 0
         self.aggregator_system_prompt = self.aggregator.system_prompt
         # Used by forward()/update() when called outside train().
         self.stepsize = 0.5
@@ -128,6 +145,8 @@ class AggregatedUpdate(Minibatch):
                                  improvement_threshold=self.improvement_threshold,
                                  rollout_timeout=ctx.rollout_timeout)
         decisions = [await self._validate(vctx, c, ctx) for c in usable]
+        if self.selection == "pareto":
+            self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
             best = max(decisions, key=_by_score)
@@ -142,6 +161,7 @@ class AggregatedUpdate(Minibatch):
 
     async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
         self.guide = guide
+        self._seed = kwargs.get("seed", 0)
         self.stepsize = kwargs.get("stepsize", 0.5)
         self.min_score = kwargs.get("min_score")
         return await super().atrain(guide, train_dataset, **kwargs)
@@ -149,6 +169,8 @@ class AggregatedUpdate(Minibatch):
     atrain.__doc__ = Minibatch.atrain.__doc__
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
+        if self.selection == "pareto" and self.pool:
+            self._start_from_the_front(ctx)
         rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
                                       concurrency=self.concurrency, timeout=ctx.rollout_timeout)
         for rollout in rollouts:
@@ -162,6 +184,49 @@ class AggregatedUpdate(Minibatch):
                                   [p for o in outputs for p in o.proposals], ctx=ctx, min_score=ctx.min_score,
                                   concurrency=self.concurrency, timeout=ctx.rollout_timeout)
         return await self.aupdate(outputs, ctx)
+
+    # Pareto selection ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.model_dump(mode="json")} if self.selection == "pareto" else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool = CandidatePool.model_validate(state.get("pool", {}))
+
+    def _start_from_the_front(self, ctx: StepContext) -> None:
+        """Apply a Pareto-front member drawn with a generator seeded by (seed, step)."""
+        weights = self.pool.front()
+        parent = self.pool.sample(np.random.default_rng([self._seed, ctx.step]))
+        self.agent.apply(parent.values)
+        ctx.record("parent", candidate_id=parent.candidate_id, front=weights, mean=parent.mean)
+
+    def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
+        current = self._stored_values()
+        parent = self.pool.find(current)
+        if parent is None:  # the first validation: the starting values join the pool
+            parent = self.pool.add(START_ID if not self.pool else f"step{ctx.step}-start", current,
+                                   decisions[0].current_rollouts, step=ctx.step - 1, parent_id=None)
+            ctx.record("pool", **parent.model_dump(mode="json"), pool_mean=parent.mean)
+        for candidate, decision in zip(candidates, decisions):
+            if decision.rollouts:
+                entry = self.pool.add(candidate.candidate_id, {**current, **candidate.update}, decision.rollouts,
+                                      step=ctx.step, parent_id=parent.candidate_id)
+                ctx.record("pool", **entry.model_dump(mode="json"), pool_mean=entry.mean)
+
+    def finish(self) -> bool:
+        """At the end of a run with Pareto selection, apply the pool's best mean."""
+        if self.selection != "pareto" or not self.pool:
+            return False
+        best = self.pool.best()
+        if best.values == self._stored_values():
+            return False
+        logger.info("pareto selection: the run ends with candidate %s (validation mean %s)",
+                    best.candidate_id, best.mean)
+        self.agent.apply(best.values)
+        return True
+
+    def _stored_values(self) -> dict[str, Any]:
+        return {p.name: p.stored_value for p in self.agent.parameters(trainable_only=True)}  # type: ignore[misc]
 
     def _warn_unread(self, rollouts: Sequence[Rollout]) -> None:
         """Warn once per parameter that the agent never read in a step where it ran:

@@ -126,6 +126,17 @@ class Minibatch:
     async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
         raise NotImplementedError
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the trainer keeps between steps, saved in the checkpoint (JSON values)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` on resume (called with {} for a new run)."""
+
+    def finish(self) -> bool:
+        """Called once the last step is done; True if it changed the stored values."""
+        return False
+
     def train(self, guide: Guide, train_dataset: Any, **kwargs: Any) -> TrainResult:
         """Synchronous `atrain`; also works inside a running event loop (Jupyter)."""
         return run_sync(self.atrain(guide, train_dataset, **kwargs))
@@ -183,6 +194,7 @@ class Minibatch:
                   "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs}
         run = RunDir(run_dir) if run_dir is not None else None
         state = self._start_state(run, resume, loader, config)
+        self.load_state_dict(state.trainer_state)
         prior_usage = dict(state.usage)
 
         bar = tqdm(total=num_epochs * len(loader), initial=state.step, disable=not progress,
@@ -223,8 +235,13 @@ class Minibatch:
                     if log_frequency and state.step % log_frequency == 0:
                         logger.info("step %d epoch %d score %s accepted %d rejected %d", state.step, epoch,
                                     _fmt(outcome.score), state.accepted, state.rejected)
-                if test is not None and (not state.test_scores or state.test_scores[-1][0] != state.step):
-                    state.test_scores.append((state.step, await self._evaluate(test, context(state.step, state.epoch))))
+                changed = self.finish()
+                state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+                if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
+                    final = await self._evaluate(test, context(state.step, state.epoch))
+                    if state.test_scores and state.test_scores[-1][0] == state.step:
+                        state.test_scores.pop()  # measured before the final values were chosen
+                    state.test_scores.append((state.step, final))
                 state.finished = True
             except BudgetExceeded as exc:
                 stopped = f"budget exceeded: {exc}"
@@ -287,6 +304,7 @@ class Minibatch:
             state.no_update += 1
         state.loader_state = loader.state_dict()
         state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+        state.trainer_state = self.state_dict()
         state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": outcome.score,
                                  "accepted": outcome.accepted, "candidate_score": outcome.candidate_score}
 

@@ -27,6 +27,7 @@ class Decision(BaseModel):
     candidate_score: float | None = None
     reason: str = ""
     rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    current_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
 
 
 class ValidationContext(BaseModel):
@@ -75,7 +76,8 @@ class Validation:
             relation = ">" if accepted else "<="
             reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
         return Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
-                        candidate_score=candidate_score, reason=reason, rollouts=list(candidate))
+                        candidate_score=candidate_score, reason=reason, rollouts=list(candidate),
+                        current_rollouts=list(current))
 
 
 class NoValidation(Validation):

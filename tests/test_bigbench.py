@@ -96,3 +96,53 @@ def test_shipped_files_keep_the_canary_and_attribution() -> None:
         assert "canary GUID" in data["canary"]
     readme = (folder / "README.md").read_text(encoding="utf-8")
     assert "BIG-bench" in readme and "Apache License 2.0" in readme
+
+
+# --- any BIG-bench task file --------------------------------------------------------------
+
+from opto.data import DatasetError  # noqa: E402
+from opto.datasets import load_bigbench  # noqa: E402
+
+
+def _shipped_file(task: str):
+    return resources.files("opto.datasets") / "bigbench_data" / f"{task}.json"
+
+
+@pytest.mark.parametrize("task", ["sports_understanding", "object_counting"])
+def test_load_bigbench_reads_a_task_file_like_the_shipped_loader(tmp_path, task: str) -> None:
+    folder = tmp_path / task
+    folder.mkdir()
+    (folder / "task.json").write_text(_shipped_file(task).read_text(encoding="utf-8"), encoding="utf-8")
+    loaded = load_bigbench(folder / "task.json", split="validation", n=20, seed=2)
+    shipped = bigbench(task, split="validation", n=20, seed=2)
+    assert [(e.x, e.info) for e in loaded] == [(e.x, e.info) for e in shipped]
+    assert loaded[0].id.split("-")[0] in (task, json.loads(_shipped_file(task).read_text())["name"].replace(" ", "_"))
+
+
+def test_load_bigbench_names_a_file_that_is_not_a_json_task(tmp_path) -> None:
+    subtasks = tmp_path / "task.json"
+    subtasks.write_text(json.dumps({"name": "x", "subtasks": ["a"], "examples": []}))
+    with pytest.raises(DatasetError, match="subtasks"):
+        load_bigbench(subtasks)
+    bad_row = tmp_path / "bad.json"
+    bad_row.write_text(json.dumps({"examples": [{"input": "a", "target": "b"}, {"question": "c"}]}))
+    with pytest.raises(DatasetError, match="bad.json: example 1 needs 'input'"):
+        load_bigbench(bad_row)
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\x1f\x8b\x00\xff")
+    with pytest.raises(DatasetError, match="bin.json is not a BIG-bench task"):
+        load_bigbench(binary)
+    with pytest.raises(FileNotFoundError):
+        load_bigbench(tmp_path / "missing.json")
+
+
+def test_load_bigbench_reads_a_file_of_the_bigbench_package_shape(tmp_path) -> None:
+    task = {"name": "tiny arithmetic", "description": "d", "task_prefix": "Compute.",
+            "examples": [{"input": "1+1=", "target": "2"}, {"input": "2+2=", "target": ["4", "four"]},
+                         {"input": "Is 3 odd?", "target_scores": {"yes": 1, "no": 0}}]}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(task))
+    examples = load_bigbench(path)
+    assert [e.info for e in examples] == [["2"], ["4", "four"], ["yes"]]
+    assert examples[0].x == "Compute.\n\n1+1=" and examples[2].x.endswith("Options:\n- yes\n- no")
+    assert [e.id for e in examples] == ["tiny_arithmetic-0", "tiny_arithmetic-1", "tiny_arithmetic-2"]

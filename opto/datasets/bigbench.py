@@ -1,4 +1,4 @@
-"""Four BIG-bench tasks shipped with opto, as lists of `Example`.
+"""BIG-bench tasks as lists of `Example`: the ones shipped with opto, or any task file.
 
 The task files are copied unchanged from the BIG-bench project (Apache License 2.0); see
 `bigbench_data/README.md` for the attribution. Each example becomes:
@@ -22,13 +22,14 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from opto.data import Example
+from opto.data import DatasetError, Example
 
-__all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks"]
+__all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks", "load_bigbench"]
 
 _TASKS = ("object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects")
 
@@ -59,14 +60,54 @@ def bigbench(task: str, split: str = "train", n: int | None = None, seed: int = 
     """
     if task not in _TASKS:
         raise ValueError(f"unknown BIG-bench task {task!r}; the shipped tasks are {', '.join(_TASKS)}")
+    return _split(task, _load_task(task), split, n, seed)
+
+
+def load_bigbench(path: str | Path, split: str = "all", n: int | None = None, seed: int = 0) -> list[Example]:
+    """Load any BIG-bench task file (`task.json` of the BIG-bench repository or package).
+
+    The file's `examples` (each with `input` and `target` or `target_scores`) become
+    examples exactly as for the shipped tasks (see the module docstring); splits, `n`
+    and `seed` work as in `bigbench`. The task's name (for ids) is the file's `name`
+    field, else its folder's name for a `task.json`, else the file name.
+
+    Raises `DatasetError` naming the file when it is not a BIG-bench JSON task (for
+    example a task with subtasks, whose examples live in the subtask folders, or a
+    programmatic task with no `examples`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"BIG-bench task file not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path} is not a BIG-bench task: it is not JSON text ({exc})") from None
+    examples = data.get("examples") if isinstance(data, dict) else None
+    if not isinstance(examples, list) or not examples:
+        hint = " (it has subtasks: load the task.json of one subtask folder)" if isinstance(data, dict) and \
+            data.get("subtasks") else ""
+        raise DatasetError(f"{path} is not a BIG-bench JSON task: it has no non-empty 'examples' list{hint}")
+    for index, row in enumerate(examples):
+        if not isinstance(row, dict) or "input" not in row or not ("target" in row or "target_scores" in row):
+            raise DatasetError(
+                f"{path}: example {index} needs 'input' and 'target' or 'target_scores' (got {_keys(row)})"
+            )
+    name = data.get("name") if isinstance(data.get("name"), str) else None
+    task = name or (path.parent.name if path.name == "task.json" else path.stem)
+    return _split(task.replace(" ", "_"), data, split, n, seed)
+
+
+def _keys(row: Any) -> str:
+    return f"keys {sorted(row)}" if isinstance(row, dict) else f"a {type(row).__name__}"
+
+
+def _split(task: str, data: dict[str, Any], split: str, n: int | None, seed: int) -> list[Example]:
     if split != "all" and split not in SPLIT_FRACTIONS:
         raise ValueError(f"unknown split {split!r}; use one of 'train', 'validation', 'test' or 'all'")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
         raise ValueError(f"n must be an int >= 0 or None, got {n!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-
-    data = _load_task(task)
     examples = data["examples"]
     if split == "all":
         indices = list(range(len(examples)))

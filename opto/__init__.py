@@ -21,8 +21,8 @@ from .llm import (
     ResponseCache,
     ScriptedModel,
 )
-from .optimizers import Optimizer, Proposal
-from .parameters import Constraint, Parameter, ParameterError, assign
+from .optimizers import DemoProposer, Optimizer, Proposal, Proposer
+from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import Rollout
 from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
@@ -40,6 +40,8 @@ __all__ = [
     "Constraint",
     "DataLoader",
     "DatasetError",
+    "DemoProposer",
+    "Demos",
     "EvalResult",
     "ExactMatchGuide",
     "Example",
@@ -56,6 +58,7 @@ __all__ = [
     "ParameterError",
     "PromptTemplate",
     "Proposal",
+    "Proposer",
     "ResponseCache",
     "Rollout",
     "RunDir",

@@ -1,5 +1,8 @@
 """The aggregator: one LLM merges many proposals into candidate updates.
 
+Proposals that touch only `Demos` parameters are merged by rule instead (no model
+call; see `opto.demo_rules`) into candidates of their own, validated like any other.
+
 The current values are suggestion 0 with confidence `1 - stepsize`; each distinct
 proposal has confidence `stepsize`. When the proposals do not fit one prompt
 (`fan_in` suggestions or `max_prompt_tokens`), they are merged in groups and the group
@@ -22,8 +25,9 @@ from ._async import gather_all
 from .extraction import construct_update, construct_update_dict, extract_llm_suggestion, extract_with_method
 from .llm.base import Model
 from .llm.usage import estimate_tokens
+from .demo_rules import merge_demo_lists
 from .optimizers import JSON_MODE, Proposal, reasoning_of
-from .parameters import Parameter
+from .parameters import Demos, Parameter
 from .prompting import PromptTemplate
 from .schema import reply_format
 
@@ -90,7 +94,7 @@ class Aggregator:
     """Merges proposals into `num_candidates` candidate updates.
 
     Args:
-        model: the aggregator's LLM.
+        model: the aggregator's LLM (None: only demo proposals can be merged, by rule).
         template: a `PromptTemplate`, or a user-message template (text or path) that
             replaces `prompts/aggregator.user.j2`.
         max_tokens: the reply's token limit.
@@ -106,7 +110,7 @@ class Aggregator:
 
     def __init__(
         self,
-        model: Model,
+        model: Model | None,
         *,
         template: PromptTemplate | str | Path | None = None,
         max_tokens: int = 4096,
@@ -142,13 +146,51 @@ class Aggregator:
     async def aggregate(
         self, current: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
     ) -> list[Candidate]:
-        """Candidates for this step; [] when no proposal carries an update (no call is made)."""
+        """Candidates for this step; [] when no proposal carries an update (no call is made).
+
+        Demo-only proposals give rule-merged candidates (first); the others go to the LLM.
+        """
         if not 0.0 <= stepsize <= 1.0:
             raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
-        trainable = [p for p in current if p.trainable]
-        suggestions = _dedupe(proposals)
-        if not suggestions:
+        demo_names = {p.name for p in current if isinstance(p, Demos) and p.trainable}
+        demo_only = [p for p in proposals if p.update and set(p.update) <= demo_names]
+        others = [p for p in proposals if p not in demo_only]
+        rule = self._merge_demos(current, demo_only)
+        if not _dedupe(others):
+            return rule
+        if self.model is None:
+            raise ValueError(
+                "the aggregator has no model, and some proposals change parameters other than Demos: give "
+                "AggregatedUpdate an llm= (or an Aggregator with a model) to merge them"
+            )
+        return rule + await self._aggregate_with_llm(current, others, stepsize)
+
+    def _merge_demos(self, current: Sequence[Parameter], proposals: Sequence[Proposal]) -> list[Candidate]:
+        """One candidate: for each Demos parameter, the demos its proposals add, merged by rule."""
+        if not proposals:
             return []
+        update: dict[str, Any] = {}
+        for param in current:
+            if not isinstance(param, Demos):
+                continue
+            lists = [p.update[param.name] for p in proposals if param.name in p.update]
+            if lists:
+                merged = merge_demo_lists(param.stored_value, lists, param.max_demos)
+                if merged != param.stored_value:
+                    update[param.name] = merged  # type: ignore[index]
+        if not update:
+            return []
+        sources = [p.proposal_id for p in proposals]
+        return [Candidate(update=update, extraction_method="rule", source_proposals=sources,
+                          reasoning=f"demos merged by rule from {len(proposals)} proposals")]
+
+    async def _aggregate_with_llm(
+        self, current: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]:
+        # Demo lists stay out of the LLM's hands unless a proposal it merges changes them.
+        touched = {name for p in proposals for name in p.update}
+        trainable = [p for p in current if p.trainable and (not isinstance(p, Demos) or p.name in touched)]
+        suggestions = _dedupe(proposals)
         groups: list[Candidate] = []
         level = 0
         while len(suggestions) > 1 and not self._fits(trainable, suggestions, stepsize):

@@ -1,4 +1,8 @@
-"""The per-instance optimizer: one LLM call per rollout, proposing a parameter update."""
+"""Proposers: per instance, suggest parameter updates.
+
+`Proposer` is the protocol; `Optimizer` asks an LLM (one call per rollout), and
+`DemoProposer` adds the instance to a `Demos` parameter (no model call).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +11,21 @@ from dataclasses import asdict
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from .extraction import construct_update, extract_with_method
 from .llm.base import Model
-from .parameters import Parameter
+from .demo_rules import add_demo
+from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
 from .rollout import Rollout
 from .schema import reply_format
 
-__all__ = ["Optimizer", "Proposal", "reasoning_of"]
+__all__ = ["DemoProposer", "Optimizer", "Proposal", "Proposer", "reasoning_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ class Proposal(BaseModel):
     """
 
     proposal_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    proposer: str = "optimizer"
     instance_id: str = ""
     sample_index: int = 0
     update: dict[str, Any] = Field(default_factory=dict)
@@ -52,8 +58,24 @@ class Proposal(BaseModel):
         return self.extraction_method is None and not self.terminate
 
 
+@runtime_checkable
+class Proposer(Protocol):
+    """Suggests updates for one rollout. `propose` must keep no shared mutable state, as
+    the trainer calls it for many instances at once; `name` labels its proposals."""
+
+    name: str
+
+    async def propose(self, parameters: Sequence[Parameter], rollout: Rollout) -> list[Proposal]:
+        """Zero or more proposals for this rollout (an empty list: nothing to suggest)."""
+        ...
+
+
 class Optimizer:
     """Asks an LLM, for one rollout, how the parameters should change.
+
+    `Demos` parameters are shown to it as fixed context and never proposed by it (demo
+    lists change by rule, through `DemoProposer`); with nothing else trainable it makes
+    no call.
 
     Args:
         model: the optimizer's LLM.
@@ -64,6 +86,7 @@ class Optimizer:
         max_tokens: the reply's token limit.
         structured: ask for a JSON schema built from the parameters (constrained
             decoding where the backend supports it); False asks for plain JSON mode.
+        name: labels its proposals in the ledger.
 
     It keeps no state between calls, so any number of `propose` calls run at once.
     """
@@ -77,6 +100,7 @@ class Optimizer:
         temperature: float | None = None,
         max_tokens: int | None = 2048,
         structured: bool = True,
+        name: str = "optimizer",
     ) -> None:
         if num_proposals < 1:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
@@ -86,10 +110,11 @@ class Optimizer:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.structured = structured
+        self.name = name
 
     def build_messages(self, parameters: Sequence[Parameter], instance: Rollout) -> list[dict[str, str]]:
         return self.template.render(
-            parameters=[p.describe() for p in parameters],
+            parameters=[{**p.describe(), "trainable": _editable(p)} for p in parameters],
             x=instance.x,
             trace=instance.trace,
             output=instance.output,
@@ -99,10 +124,13 @@ class Optimizer:
 
     async def propose(self, parameters: Sequence[Parameter], instance: Rollout) -> list[Proposal]:
         """One proposal per sample; an unreadable reply gives a proposal with an empty update."""
+        editable = [p for p in parameters if _editable(p)]
+        if not editable:
+            return []
         messages = self.build_messages(parameters, instance)
         completion = await self.model.complete(
             messages,
-            response_format=reply_format(parameters, ["reasoning"], "proposal") if self.structured else JSON_MODE,
+            response_format=reply_format(editable, ["reasoning"], "proposal") if self.structured else JSON_MODE,
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             n=self.num_proposals,
@@ -110,9 +138,10 @@ class Optimizer:
         proposals = []
         for index, text in enumerate(completion.texts):
             extraction = extract_with_method(text)
-            result = construct_update(parameters, extraction.suggestion)
+            result = construct_update(editable, extraction.suggestion)
             proposals.append(
                 Proposal(
+                    proposer=self.name,
                     instance_id=instance.example_id,
                     sample_index=index,
                     update=result.update,
@@ -126,6 +155,102 @@ class Optimizer:
                 )
             )
         return proposals
+
+
+def _editable(param: Parameter) -> bool:
+    """What the LLM optimizer may change: trainable parameters other than demo lists."""
+    return param.trainable and not isinstance(param, Demos)
+
+
+def default_label(x: Any, info: Any) -> Any:
+    """The demo output for an example: its info when that is a str, else the first
+    accepted answer of a list of them."""
+    if isinstance(info, str):
+        return info
+    if isinstance(info, (list, tuple)) and info and isinstance(info[0], str):
+        return info[0]
+    raise ValueError(
+        f"DemoProposer cannot make a demo output from info {info!r}: give label=lambda x, info: ... "
+        "returning the answer the demo should show"
+    )
+
+
+class DemoProposer:
+    """Proposes adding the rollout's example to the agent's `Demos` parameters.
+
+    Args:
+        label: `label(x, info) -> output` turns an example's info into the demo's output
+            (default: the info string, or the first accepted answer of a list).
+        source: "labels" (the input with its label), "successes" (the input with the
+            agent's own output, only when it scored `max_score`), or "both" (the success
+            when there is one, else the label).
+        max_demos: None keeps each `Demos` parameter's own `max_demos`; an int lowers it.
+        target: the name of the `Demos` parameter to fill (None: every one).
+        max_score: the score of a success.
+        name: labels its proposals in the ledger.
+
+    It makes no model call. A full list gets the new demo in place of the least useful
+    one (see `opto.demo_rules`: outputs are kept balanced); an example already shown is
+    not proposed again.
+    """
+
+    def __init__(
+        self,
+        label: Callable[[Any, Any], Any] | None = None,
+        *,
+        source: str = "labels",
+        max_demos: int | None = None,
+        target: str | None = None,
+        max_score: float = 1.0,
+        name: str = "demos",
+    ) -> None:
+        if source not in ("labels", "successes", "both"):
+            raise ValueError(f"source must be 'labels', 'successes' or 'both', got {source!r}")
+        if max_demos is not None and (isinstance(max_demos, bool) or not isinstance(max_demos, int) or max_demos < 1):
+            raise ValueError(f"max_demos must be an int >= 1 or None, got {max_demos!r}")
+        self.label = label or default_label
+        self.source = source
+        self.max_demos = max_demos
+        self.target = target
+        self.max_score = max_score
+        self.name = name
+
+    def _output(self, rollout: Rollout) -> tuple[Any, str] | None:
+        succeeded = not rollout.failed and rollout.score is not None and rollout.score >= self.max_score
+        if self.source in ("successes", "both") and succeeded:
+            return rollout.output, "its own output, which scored the maximum"
+        if self.source in ("labels", "both"):
+            return self.label(rollout.x, rollout.info), "its label"
+        return None
+
+    async def propose(self, parameters: Sequence[Parameter], rollout: Rollout) -> list[Proposal]:
+        targets = [p for p in parameters if isinstance(p, Demos) and p.trainable
+                   and (self.target is None or p.name == self.target)]
+        if self.target is not None and not targets:
+            raise ValueError(f"DemoProposer(target={self.target!r}): the agent has no trainable Demos of that name")
+        found = self._output(rollout) if targets else None
+        if found is None:
+            return []
+        output, why = found
+        new = {"input": rollout.x, "output": output}
+        update: dict[str, Any] = {}
+        for param in targets:
+            limit = min(param.max_demos, self.max_demos or param.max_demos)
+            current = param.value[:limit]
+            demos = add_demo(current, new, limit)
+            if demos is None or demos == param.stored_value:
+                continue
+            try:
+                param.validate(demos)
+            except ParameterError as exc:  # e.g. an input JSON cannot hold
+                logger.info("demo from %s not proposed: %s", rollout.example_id, exc)
+                continue
+            update[param.name] = demos  # type: ignore[index]
+        if not update:
+            return []
+        return [Proposal(proposer=self.name, instance_id=rollout.example_id, update=update,
+                         reasoning=f"add example {rollout.example_id!r} as a demo, with {why}",
+                         extraction_method="rule")]
 
 
 _REASONING = re.compile(r'"(reasoning(?:_[\w.\-]+)?)"\s*:\s*("(?:[^"\\]|\\.)*")', re.DOTALL)

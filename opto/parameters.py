@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Constraint", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
+__all__ = ["Constraint", "Demos", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
 
 #: Python types a parameter may hold; bool is checked before int because bool is an int.
 SUPPORTED_TYPES: tuple[type, ...] = (bool, str, int, float, list, dict)
@@ -253,3 +253,61 @@ def assign(values: Mapping[Parameter | str, Any]) -> Iterator[None]:
         yield
     finally:
         _OVERRIDES.reset(token)
+
+
+class Demos(Parameter):
+    """Few-shot demonstrations as a trainable parameter: a list of input/output pairs.
+
+    The value is a list of `{"input": ..., "output": ...}` dicts (JSON values), at most
+    `max_demos` of them. An agent shows them to its model as earlier turns of the
+    conversation with `as_messages()`::
+
+        self.demos = Demos(max_demos=4)
+        ...
+        messages = [system, *self.demos.as_messages(), {"role": "user", "content": question}]
+
+    `DemoProposer` proposes demos from the training data; the aggregator merges demo
+    proposals by rule (`merge_demos`), never through an LLM.
+    """
+
+    def __init__(
+        self,
+        demos: Any = (),
+        *,
+        max_demos: int = 4,
+        name: str | None = None,
+        description: str = "worked examples shown to the model before the input, as earlier conversation turns",
+        trainable: bool = True,
+        constraint: str | Constraint | Callable[[Any], bool] | None = None,
+    ) -> None:
+        if isinstance(max_demos, bool) or not isinstance(max_demos, int) or max_demos < 1:
+            raise ParameterError(f"max_demos must be an int >= 1, got {max_demos!r}")
+        self.max_demos = max_demos
+        if isinstance(demos, (str, bytes, Mapping)):
+            raise ParameterError("Demos takes a list of {'input': ..., 'output': ...} dicts, not a single value")
+        super().__init__([dict(d) if isinstance(d, Mapping) else d for d in demos], name=name,
+                         description=description, trainable=trainable, constraint=constraint)
+
+    def validate(self, value: Any) -> Any:
+        """A list of at most `max_demos` dicts with exactly the keys "input" and "output"."""
+        label = self.name or "demos"
+        if isinstance(value, list):
+            if len(value) > self.max_demos:
+                raise ParameterError(f"{label}: {len(value)} demos, more than max_demos={self.max_demos}")
+            for index, demo in enumerate(value):
+                if not isinstance(demo, dict) or set(demo) != {"input", "output"}:
+                    got = f"keys {sorted(demo)}" if isinstance(demo, dict) else f"a {type(demo).__name__}"
+                    raise ParameterError(
+                        f"{label}: demo {index} must be a dict with exactly the keys 'input' and 'output', got {got}"
+                    )
+        return super().validate(value)
+
+    def as_messages(
+        self, format_input: Callable[[Any], str] = str, format_output: Callable[[Any], str] = str
+    ) -> list[dict[str, str]]:
+        """The demos (as seen by the current task) as user/assistant chat turns."""
+        messages: list[dict[str, str]] = []
+        for demo in self.value:
+            messages.append({"role": "user", "content": format_input(demo["input"])})
+            messages.append({"role": "assistant", "content": format_output(demo["output"])})
+        return messages

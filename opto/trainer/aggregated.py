@@ -18,7 +18,7 @@ from ..data import Example
 from ..guides import Guide
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
-from ..optimizers import Optimizer, Proposal
+from ..optimizers import Optimizer, Proposal, Proposer
 from ..parameters import Parameter
 from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
 from .minibatch import Minibatch, StepContext, StepOutcome
@@ -47,8 +47,10 @@ class AggregatedUpdate(Minibatch):
 
     Args:
         agent: the agent to train.
-        optimizer: the per-instance `Optimizer`.
-        llm: the aggregator's model (the optimizer's model when None).
+        optimizer: the per-instance proposer (the LLM `Optimizer`), or a list of proposers
+            (e.g. `[Optimizer(llm), DemoProposer()]`); each is asked for every instance.
+        llm: the aggregator's model (the first `Optimizer`'s model when None; with only
+            demo proposers none is needed, as demo lists are merged by rule).
         max_tokens: the aggregator reply's token limit.
         aggregator: a configured `Aggregator` (then `llm` and `max_tokens` are unused).
         concurrency: agent runs and LLM calls the trainer starts at once.
@@ -66,7 +68,7 @@ class AggregatedUpdate(Minibatch):
     def __init__(
         self,
         agent: Agent,
-        optimizer: Optimizer,
+        optimizer: Proposer | Sequence[Proposer],
         llm: Model | None = None,
         max_tokens: int = 4096,
         *,
@@ -78,8 +80,11 @@ class AggregatedUpdate(Minibatch):
         selection: str = "greedy",
     ) -> None:
         super().__init__(agent, concurrency=concurrency)
-        self.optimizer = optimizer
-        self.aggregator = aggregator or Aggregator(llm or optimizer.model, max_tokens=max_tokens)
+        self.proposers: list[Proposer] = _check_proposers(optimizer)
+        self.optimizer = self.proposers[0]
+        if llm is None:
+            llm = next((p.model for p in self.proposers if isinstance(p, Optimizer)), None)
+        self.aggregator = aggregator or Aggregator(llm, max_tokens=max_tokens)
         self.validation = make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
@@ -244,23 +249,28 @@ class AggregatedUpdate(Minibatch):
     async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:
         if rollout.failed:
             return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
-        gate = self._loop_gate()
-        try:
-            async with gate:
-                proposals = await self.optimizer.propose(self.agent.parameters(), rollout)
-        except BudgetExceeded:
-            raise
-        except LLMError as exc:
-            logger.warning("optimizer failed on %s: %s", rollout.example_id, exc)
-            if ctx:
-                ctx.record("proposal_error", instance_id=rollout.example_id, error=str(exc))
-            return InstanceOutput(rollout=rollout, error=f"optimizer: {exc}")
+        results = await gather_all(self._ask(proposer, rollout, ctx) for proposer in self.proposers)
+        proposals = [p for found in results if found is not None for p in found]
+        errors = [f"{proposer.name}: failed" for proposer, found in zip(self.proposers, results) if found is None]
         for proposal in proposals:
             if ctx:
                 ctx.record("proposal", **proposal.model_dump(mode="json"))
-                if ctx.verbose:
-                    _show("optimizer", proposal.prompt_messages, proposal.raw_response)
-        return InstanceOutput(rollout=rollout, proposals=proposals)
+                if ctx.verbose and proposal.prompt_messages:
+                    _show(proposal.proposer, proposal.prompt_messages, proposal.raw_response)
+        return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
+
+    async def _ask(self, proposer: Proposer, rollout: Rollout, ctx: StepContext | None) -> list[Proposal] | None:
+        """One proposer's proposals; None when its model failed (recorded, the step goes on)."""
+        try:
+            async with self._loop_gate():
+                return await proposer.propose(self.agent.parameters(), rollout)
+        except BudgetExceeded:
+            raise
+        except LLMError as exc:
+            logger.warning("%s failed on %s: %s", proposer.name, rollout.example_id, exc)
+            if ctx:
+                ctx.record("proposal_error", instance_id=rollout.example_id, proposer=proposer.name, error=str(exc))
+            return None
 
     def _loop_gate(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -291,6 +301,22 @@ class AggregatedUpdate(Minibatch):
             ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **rollout.to_record())
         ctx.record("decision", **decision.model_dump(mode="json"), validation=self.validation.name)
         return decision
+
+
+def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]:
+    proposers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not proposers:
+        raise ValueError("AggregatedUpdate needs at least one proposer, e.g. Optimizer(llm) or DemoProposer()")
+    for proposer in proposers:
+        if not isinstance(proposer, Proposer):
+            raise TypeError(
+                f"{type(proposer).__name__} is not a proposer: it needs a name and "
+                "async propose(parameters, rollout) -> list[Proposal] (e.g. Optimizer(llm), DemoProposer())"
+            )
+    names = [p.name for p in proposers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"proposers need distinct names to tell their proposals apart in the ledger, got {names}")
+    return proposers
 
 
 def _by_score(decision: Decision) -> float:

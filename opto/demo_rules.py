@@ -1,0 +1,75 @@
+"""Rules for changing a list of few-shot demos: add one, and merge several proposals.
+
+Demo lists are edited by rule, never by an LLM: a demo is a real training example, and a
+model asked to rewrite the list could invent or corrupt examples.
+
+Adding a demo to a full list replaces the *least useful* one, chosen to keep the
+outputs balanced (a list of demos that all answer "yes" teaches the model to answer
+"yes"): the oldest demo whose output is the most frequent in the list, when the new
+demo's output is rarer than that; otherwise the oldest demo with the new demo's own
+output (the balance stays as it is); otherwise the oldest demo. A demo whose input is
+already in the list is not added again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_demo", "demo_key", "merge_demo_lists"]
+
+
+def demo_key(value: Any) -> str:
+    """A stable identity for an input or output value (JSON text, keys sorted)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def add_demo(demos: Sequence[dict[str, Any]], new: dict[str, Any], max_demos: int) -> list[dict[str, Any]] | None:
+    """`demos` with `new` added (replacing the least useful one when full); None when
+    `new`'s input is already there."""
+    current = [dict(d) for d in demos]
+    if any(demo_key(d["input"]) == demo_key(new["input"]) for d in current):
+        return None
+    if len(current) < max_demos:
+        return [*current, dict(new)]
+    outputs = Counter(demo_key(d["output"]) for d in current)
+    most_common, most = outputs.most_common(1)[0]
+    own = demo_key(new["output"])
+    if outputs.get(own, 0) < most:
+        victim = next(i for i, d in enumerate(current) if demo_key(d["output"]) == most_common)
+    elif own in outputs:
+        victim = next(i for i, d in enumerate(current) if demo_key(d["output"]) == own)
+    else:
+        victim = 0
+    del current[victim]
+    return [*current, dict(new)]
+
+
+def merge_demo_lists(
+    current: Sequence[dict[str, Any]], proposed: Sequence[Sequence[dict[str, Any]]], max_demos: int
+) -> list[dict[str, Any]]:
+    """Merge proposed lists (each the current list with some demos added) into one.
+
+    The demos that proposals add are ranked by how many proposals added them (then by
+    proposal order). The best ranked fill the free places, and on a full list replace
+    at most half of it (`add_demo`'s rule picks which), so a candidate changes the
+    demos step by step instead of swapping the whole set at once.
+    """
+    known = {demo_key(d["input"]) for d in current}
+    support: Counter[str] = Counter()
+    first_seen: dict[str, dict[str, Any]] = {}
+    for demos in proposed:
+        for demo in demos:
+            key = demo_key(demo["input"])
+            if key in known:
+                continue
+            support[key] += 1
+            first_seen.setdefault(key, dict(demo))
+    room = max(max_demos - len(current), max(1, max_demos // 2))
+    order = sorted(first_seen, key=lambda key: -support[key])[:room]
+    merged = [dict(d) for d in current]
+    for key in reversed(order):  # the best supported goes in last, so it is the last replaced
+        merged = add_demo(merged, first_seen[key], max_demos) or merged
+    return merged

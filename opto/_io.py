@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .llm.redaction import redact
+
 __all__ = [
     "append_jsonl",
     "atomic_write_json",
@@ -52,7 +54,7 @@ def to_json_line(value: Any, *, indent: int | None = None) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = json.dumps(value, indent=indent, ensure_ascii=True, default=str)
-    return text
+    return redact(text)  # the last line of defence: no API key opto knows is ever written
 
 
 def atomic_write_json(path: str | Path, value: Any) -> None:

@@ -306,7 +306,7 @@ class Aggregator:
             raw_response=text,
             prompt_messages=messages,
             extraction_method=extraction.method,
-            skipped=[asdict(s) for s in result.skipped],
+            skipped=[asdict(s) for s in (*extraction.skipped, *result.skipped)],
             terminate=extraction.terminate,
             repaired=repaired,
         )

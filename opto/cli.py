@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .datasets import bigbench_tasks
 from .preference import FORMATS, SOURCES
 
 __all__ = ["main"]
@@ -22,22 +23,32 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         model = LocalModel()
     run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"opto demo: optimizing a counting agent's system prompt with {model.name}")
+    if not args.json:
+        print(f"opto demo: a few-shot agent learns its prompt and demos on BIG-bench {args.task} with {model.name}")
     try:
         report = run_demo(
-            model, run_dir=run_dir, train_n=args.train, validation_n=args.validation, test_n=args.test,
-            batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress,
+            model, run_dir=run_dir, task=args.task, train_n=args.train, validation_n=args.validation,
+            test_n=args.test, batch_size=args.batch_size, seed=args.seed, selection=args.selection,
+            progress=not (args.no_progress or args.json),
         )
     finally:
         model.close()
+    if args.json:
+        print(report.model_dump_json())
+        return 0 if report.stopped_reason is None else 1
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    print(f"test accuracy before: {pct(report.test_before)}  after: {pct(report.test_after)}")
+    print(f"test accuracy ({report.test_examples} held-out examples): before {pct(report.test_before)}  "
+          f"after {pct(report.test_after)}  (best constant answer: {pct(report.test_baseline)})")
     print(f"steps: {report.steps}  accepted: {report.accepted}  rejected: {report.rejected}")
     print(f"model calls: {report.calls} (+{report.cached_calls} cached)  "
           f"tokens: {report.prompt_tokens} prompt + {report.completion_tokens} completion")
-    print(f"initial prompt: {report.initial_prompt!r}")
-    print(f"final prompt:   {report.final_prompt!r}")
+    print(f"final system prompt: {report.final_parameters.get('system_prompt')!r}")
+    demos = report.final_parameters.get("demos") or []
+    print("final demos: " + (", ".join(f"{d['input']!r} -> {d['output']!r}" for d in demos) or "none"))
     print(f"time: {report.seconds:.1f} s   run dir: {report.run_dir} (ledger.jsonl, checkpoint.json, metrics.jsonl)")
+    if report.stopped_reason:
+        print(f"stopped early: {report.stopped_reason}")
+        return 1
     return 0
 
 
@@ -180,16 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="optimize a QA agent's prompt offline on the bundled local model")
+    demo = commands.add_parser("demo", help="a few-shot agent learns its demos offline on the bundled local model")
     demo.add_argument("--model", help="model name on an OpenAI-compatible server (default: local SmolLM2)")
     demo.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1; "
-                      "the key is read from OPENAI_API_KEY")
-    demo.add_argument("--train", type=int, default=8, help="training examples (default 8)")
-    demo.add_argument("--validation", type=int, default=8, help="validation examples (default 8)")
-    demo.add_argument("--test", type=int, default=24, help="test examples (default 24)")
+                      "the key comes from OPENAI_API_KEY")
+    demo.add_argument("--task", default="plural", choices=bigbench_tasks(), help="shipped BIG-bench task (default plural)")
+    demo.add_argument("--train", type=int, default=12, help="training examples (default 12)")
+    demo.add_argument("--validation", type=int, default=24, help="validation examples (default 24)")
+    demo.add_argument("--test", type=int, default=64, help="held-out test examples (default 64)")
     demo.add_argument("--batch-size", type=int, default=4)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--selection", default="greedy", choices=("greedy", "pareto"))
+    demo.add_argument("--seed", type=int, default=0, help="split and shuffle seed (default 0)")
     demo.add_argument("--run-dir", help="where to write the run (default runs/demo-<time>)")
+    demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
     _add_export_parser(commands)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
+import yaml
 
 from opto.parameters import Parameter
 
@@ -51,6 +52,7 @@ EXTRACTION_METHODS: tuple[str, ...] = (
     "balanced",
     "python_literal",
     "json_repair",
+    "yaml",
     "key_scan",
 )
 
@@ -58,6 +60,10 @@ EXTRACTION_METHODS: tuple[str, ...] = (
 SUGGESTION_KEYS: tuple[str, ...] = ("suggestion", "suggestions", "update")
 #: Top-level keys that are the model's bookkeeping, never parameter values.
 BOOKKEEPING_KEYS: frozenset[str] = frozenset({"reasoning", "answer", "explanation", "thoughts"})
+#: Keys some models wrap their whole reply in: {"response": {"reasoning": ..., "suggestion": ...}}.
+WRAPPER_KEYS: tuple[str, ...] = ("response", "output", "result", "data", "json")
+#: Deeper values are refused: no parameter needs them, and they are a way to exhaust the stack.
+MAX_DEPTH = 64
 
 _EXCERPT_CHARS = 200
 _MAX_SCANS = 100  # brace scans per reply and quoting style; bounds the work on odd replies
@@ -118,11 +124,14 @@ class Extraction:
             None when nothing was parsed (a bare TERMINATE, or failure).
         terminate: True when the model said "no change" (bare TERMINATE, an empty or
             TERMINATE suggestion, or an object with no suggestion keys).
+        skipped: values read but left out because no parameter could hold them (NaN or
+            infinity, a number too large, nesting deeper than `MAX_DEPTH`).
     """
 
     suggestion: dict[str, Any]
     method: str | None
     terminate: bool
+    skipped: tuple[SkippedValue, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -143,12 +152,17 @@ def _is_bookkeeping(key: str) -> bool:
     return key in BOOKKEEPING_KEYS or key.startswith("reasoning_")
 
 
-def _to_json_types(value: Any) -> Any:
-    """Tuples and sets (from Python literals) become lists; dict keys become strings."""
+def _to_json_types(value: Any, depth: int = 0) -> Any:
+    """Tuples and sets (from Python literals) become lists; dict keys become strings.
+
+    Raises ValueError past `MAX_DEPTH` levels, before the stack runs out.
+    """
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, dict):
-        return {str(k): _to_json_types(v) for k, v in value.items()}
+        return {str(k): _to_json_types(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [_to_json_types(v) for v in value]
+        return [_to_json_types(v, depth + 1) for v in value]
     return value
 
 
@@ -177,13 +191,23 @@ def _read_wrapped(value: Any) -> _Reading | None:
     return None
 
 
-def _read_object(obj: Any) -> _Reading | None:
-    """Read a parsed reply: the suggestion under a known key, else the top-level keys."""
+def _read_object(obj: Any, unwrapped: int = 0) -> _Reading | None:
+    """Read a parsed reply: the suggestion under a known key, else the top-level keys.
+
+    A reply wrapped in one more object (`{"response": {...}}`, `{"output": {...}}`) is
+    read inside it, when the inner object holds the suggestion or is all there is.
+    """
     if not isinstance(obj, dict):
         return None
     for key in SUGGESTION_KEYS:
         if key in obj:
             return _read_wrapped(obj[key])
+    if unwrapped < 2:
+        content = [k for k in obj if not _is_bookkeeping(str(k))]
+        for key in WRAPPER_KEYS:
+            inner = obj.get(key)
+            if isinstance(inner, dict) and (any(k in inner for k in SUGGESTION_KEYS) or content == [key]):
+                return _read_object(inner, unwrapped + 1)
     top = {str(k): v for k, v in _to_json_types(obj).items() if not _is_bookkeeping(str(k))}
     return top, not top
 
@@ -192,7 +216,10 @@ def _first_reading(candidates: Iterable[Any]) -> _Reading | None:
     """The first candidate holding a suggestion, else the first one meaning "no change"."""
     no_change: _Reading | None = None
     for candidate in candidates:
-        reading = _read_object(candidate)
+        try:
+            reading = _read_object(candidate)
+        except (RecursionError, ValueError):  # absurd nesting: not a reply to read
+            continue
         if reading is None:
             continue
         if reading[0]:
@@ -343,12 +370,41 @@ def _repaired(text: str) -> Iterator[Any]:
             yield repaired
 
 
+_YAML_BLOCK = re.compile(r"^(?P<key>suggestions?|update)[ \t]*:[ \t]*\r?\n(?P<body>(?:[ \t]+\S.*(?:\r?\n|$)|[ \t]*(?:\r?\n))+)",
+                         re.MULTILINE)
+_YAML_CHARS = 20_000  # longer blocks are not parsed: YAML parsing is slow on large hostile input
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader without anchors and aliases (they can expand a short text enormously)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases are not read in model replies")
+        return super().compose_node(parent, index)
+
+
+def _yaml_blocks(text: str) -> Iterator[Any]:
+    """YAML-style replies: a `suggestion:` line, then indented `name: value` lines."""
+    for match in _YAML_BLOCK.finditer(text):
+        body = match.group("body")
+        if len(body) > _YAML_CHARS:
+            continue
+        try:
+            value = yaml.load(f"{match.group('key')}:\n{body}", Loader=_NoAliasLoader)  # noqa: S506 - safe loader
+        except (yaml.YAMLError, RecursionError, ValueError):
+            continue
+        if isinstance(value, dict):
+            yield value
+
+
 _PARSERS: tuple[tuple[str, Callable[[str], Iterator[Any]]], ...] = (
     ("json", _strict_json),
     ("fenced", _fenced_json),
     ("balanced", _balanced_json),
     ("python_literal", _python_literals),
     ("json_repair", _repaired),
+    ("yaml", _yaml_blocks),
 )
 
 
@@ -455,11 +511,17 @@ def _scan_value(
             return None if ch == "[" else pos + 1
         value = _parse_container(text[pos:end], list if ch == "[" else dict)
         if value is not _MISSING:
-            found[key] = _to_json_types(value)
+            try:
+                found[key] = _to_json_types(value)
+            except ValueError:
+                pass  # too deep to be a parameter value
         return end
     if number := _NUMBER.match(text, pos):
         token = number.group(0)
-        found[key] = int(token) if re.fullmatch(r"[-+]?\d+", token) else float(token)
+        try:
+            found[key] = int(token) if re.fullmatch(r"[-+]?\d+", token) else float(token)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            found[key] = float(token)  # inf: dropped by the final check, with the reason
         return number.end()
     if literal := _LITERAL.match(text, pos):
         found[key] = _LITERALS[literal.group(1)]
@@ -534,11 +596,61 @@ def extract_with_method(response: str | None) -> Extraction:
     for method, candidates in _PARSERS:
         reading = _first_reading(candidates(text))
         if reading is not None:
-            return Extraction(reading[0], method, reading[1])
+            return _checked(reading[0], method, reading[1])
     pairs = _key_scan(text)
     if pairs:
-        return Extraction(pairs, "key_scan", False)
+        return _checked(pairs, "key_scan", False)
     return Extraction({}, None, False)
+
+
+def _checked(suggestion: dict[str, Any], method: str, terminate: bool) -> Extraction:
+    """The reading with every value made safe to store: lone surrogates become U+FFFD,
+    other non-JSON scalars (a YAML date) their text; a value holding NaN or infinity, a
+    number too large to write, or nesting deeper than `MAX_DEPTH` is skipped with why."""
+    clean: dict[str, Any] = {}
+    skipped: list[SkippedValue] = []
+    for key, value in suggestion.items():
+        name = _valid_text(str(key))
+        try:
+            clean[name] = _json_safe(value, 0)
+        except ValueError as exc:
+            skipped.append(SkippedValue(name, _short(value), str(exc)))
+    if skipped:
+        logger.warning("skipped suggested values: %s", "; ".join(s.describe() for s in skipped))
+    if not clean and skipped:
+        return Extraction({}, None, False, tuple(skipped))  # nothing usable was read
+    return Extraction(clean, method, terminate, tuple(skipped))
+
+
+def _valid_text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _json_safe(value: Any, depth: int) -> Any:
+    """`value` as JSON values that survive a round trip; ValueError when it cannot be."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > 10_000:
+            raise ValueError("a number too large to write")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite number")
+        return value
+    if isinstance(value, str):
+        return _valid_text(value)
+    if isinstance(value, dict):
+        return {_valid_text(str(k)): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_json_safe(v, depth + 1) for v in value]
+    return _valid_text(str(value))
 
 
 def extract_llm_suggestion(response: str | None, ignore_extraction_error: bool = True) -> dict[str, Any]:

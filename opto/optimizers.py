@@ -150,7 +150,7 @@ class Optimizer:
                     prompt_messages=messages,
                     extraction_method=extraction.method,
                     terminate=extraction.terminate,
-                    skipped=[asdict(s) for s in result.skipped],
+                    skipped=[asdict(s) for s in (*extraction.skipped, *result.skipped)],
                     truncated=completion.truncated,
                 )
             )

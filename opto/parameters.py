@@ -191,6 +191,9 @@ class Parameter:
             )
         if self.type is float and not math.isfinite(value):
             raise ParameterError(f"{label}: {value!r} is not a finite number")
+        problem = json_problem(value)
+        if problem:
+            raise ParameterError(f"{label}: {problem}; a parameter's value must survive a JSON round trip unchanged")
         if self.constraint is not None:
             problem = self.constraint.violation(value)
             if problem:
@@ -199,6 +202,42 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter(name={self.name!r}, value={_short(self.value)})"
+
+
+def json_problem(value: Any, where: str = "the value", depth: int = 0) -> str | None:
+    """Why `value` would not come back unchanged from JSON (None when it would).
+
+    JSON holds str, int, finite float, bool, None, lists and dicts with str keys; a
+    tuple, set, bytes, a non-str key, NaN or infinity, or a string with a lone surrogate
+    (which UTF-8 cannot encode) would be changed or lost by a checkpoint.
+    """
+    if depth > 100:
+        return f"{where} is nested more than 100 levels deep"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where} is {value!r}, not a finite number"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} holds a lone surrogate, which cannot be written as UTF-8"
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = json_problem(item, f"item {index} of {where}", depth + 1)
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"key {key!r} of {where} is a {type(key).__name__}; JSON keys are strings"
+            problem = json_problem(item, f"{where}[{key!r}]", depth + 1)
+            if problem:
+                return problem
+        return None
+    return f"{where} is a {type(value).__name__}, which JSON cannot hold"
 
 
 def _type_of_or_none(value: Any) -> type | None:

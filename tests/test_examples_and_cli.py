@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from opto.cli import main
+from opto.datasets import bigbench
 from opto.ledger import RunDir
 from opto.testing import FakeOpenAIServer
 
@@ -23,24 +24,18 @@ def test_trace_migration_example_runs_and_improves():
 
 
 def _fake_llm(request):
-    """Plays agent, optimizer and aggregator: digits-only prompts make correct counts."""
-    system = request["messages"][0]["content"]
-    user = request["messages"][-1]["content"]
+    """Plays agent, optimizer and aggregator: the agent gives the plural only when shown demos."""
+    messages = request["messages"]
+    system = messages[0]["content"]
     if "improve the parameters" in system or "merge several suggested updates" in system:
-        return json.dumps({"reasoning": "answer with a number", "suggestion": {"system_prompt": "Reply with digits."}})
-    if "digits" in system:
-        return str(_count(user))
-    return "I am not sure."
+        return json.dumps({"reasoning": "be brief", "suggestion": {"system_prompt": "Reply with one word."}})
+    word = messages[-1]["content"].rsplit(" ", 1)[-1]
+    if any(m["role"] == "assistant" for m in messages):  # a demo shows the format
+        return _PLURALS.get(word, word + "s")
+    return f"The plural of {word} is probably {word}s, I think."
 
 
-_WORDS = {"a": 1, "an": 1, "two": 2, "three": 3, "four": 4, "five": 5}
-
-
-def _count(question):
-    """Sum the quantities in "I have a cat, two dogs, and a fish." (what a good model would do)."""
-    listed = question.split("I have ", 1)[1].split(". How many")[0]
-    items = [item.strip() for item in listed.replace(", and ", ", ").replace(" and ", ", ").split(",")]
-    return sum(_WORDS.get(item.split()[0], 1) for item in items if item)
+_PLURALS = {e.x.rsplit(" ", 1)[-1]: e.info[0] for e in bigbench("plural", split="all")}
 
 
 def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, capsys):
@@ -50,12 +45,27 @@ def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, c
         requests = len(server.chat_requests)
     out = capsys.readouterr().out
     assert code == 0
-    assert "test accuracy before:" in out and "accepted:" in out and "run dir:" in out
+    assert "test accuracy (6 held-out examples): before 0.0%  after 100.0%" in out
+    assert "best constant answer:" in out and "accepted:" in out and "final demos: " in out and "run dir:" in out
     assert requests > 10
     ledger = RunDir(tmp_path / "run").ledger()
     kinds = {r["type"] for r in ledger}
     assert {"rollout", "proposal", "candidate", "decision"} <= kinds
+    assert {r["proposer"] for r in ledger if r["type"] == "proposal"} == {"optimizer", "demos"}
     assert any(r["type"] == "decision" and r.get("accepted") for r in ledger)
+
+
+def test_demo_json_report(tmp_path, capsys):
+    with FakeOpenAIServer(reply=_fake_llm) as server:
+        code = main(["demo", "--model", "fake", "--base-url", server.base_url, "--train", "4", "--validation", "4",
+                     "--test", "6", "--run-dir", str(tmp_path / "run"), "--json", "--selection", "pareto"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["test_before"] == 0.0 and report["test_after"] == 1.0
+    assert 0 < report["test_baseline"] < 1 and report["test_examples"] == 6
+    for key in ("steps", "accepted", "rejected", "calls", "prompt_tokens", "completion_tokens", "seconds"):
+        assert isinstance(report[key], (int, float))
+    assert report["final_parameters"]["demos"] and report["initial_parameters"]["demos"] == []
 
 
 def test_command_errors_are_one_clear_line(tmp_path, capsys):

@@ -182,7 +182,7 @@ def test_json_repair_needs_a_colon_to_invent_a_pair() -> None:
 
 
 def test_methods_are_listed_in_order() -> None:
-    assert EXTRACTION_METHODS == ("json", "fenced", "balanced", "python_literal", "json_repair", "key_scan")
+    assert EXTRACTION_METHODS == ("json", "fenced", "balanced", "python_literal", "json_repair", "yaml", "key_scan")
 
 
 # ----------------------------------------------------------------------- reply shapes

@@ -244,8 +244,8 @@ async def test_concurrency_cap_as_seen_by_the_server(server, make_model) -> None
     assert server.peak_in_flight == 4
 
 
-async def test_requests_per_minute_hold_back_the_fourth_request(server, make_model, monkeypatch) -> None:
-    window = 0.5
+async def test_requests_per_minute_are_spread_evenly_not_sent_in_one_burst(server, make_model, monkeypatch) -> None:
+    window = 0.6
     monkeypatch.setattr(ratelimit, "_WINDOW", window)  # before the model (and its limiter) is built
     arrivals: list[float] = []
     server.reply = arrival_recorder(arrivals)
@@ -255,8 +255,9 @@ async def test_requests_per_minute_hold_back_the_fourth_request(server, make_mod
 
     arrivals.sort()
     assert len(arrivals) == 4
-    assert arrivals[2] - arrivals[0] < window  # the first three go at once
-    assert arrivals[3] - arrivals[0] >= 0.8 * window  # the fourth waits for the window to move on
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert all(gap >= 0.8 * window / 3 for gap in gaps), gaps  # one every window/3, never a burst
+    assert arrivals[3] - arrivals[0] >= 0.8 * window
 
 
 async def test_tokens_per_minute_count_the_usage_the_server_reports(server, make_model, monkeypatch) -> None:
@@ -504,3 +505,91 @@ def test_request_timeout_and_conflict_statuses_are_retried():
             model.close()
     assert reply.text == "fine"
     assert len(server.chat_requests) == 3
+
+
+# -- rate limits that lose nothing, and keys that never leak ------------------------
+
+
+async def test_a_rate_limited_server_loses_no_request() -> None:
+    with FakeOpenAIServer(rate_limit_rps=20) as limited:
+        model = OpenAIModel("gpt-test", base_url=limited.base_url, api_key=KEY, max_retries=1,
+                            rate_limit_patience=30)
+        try:
+            completions = await asyncio.gather(*(model.complete(MSG) for _ in range(40)))
+        finally:
+            await model.aclose()
+        assert [c.text for c in completions] == [ECHO] * 40
+        assert limited.rate_limited > 0  # refusals happened, and each was retried past max_retries=1
+
+
+async def test_with_no_patience_429s_count_against_max_retries(server, make_model, backoff_calls) -> None:
+    server.fail_next(3, status=429, retry_after=0.01)
+    with pytest.raises(LLMUnavailableError, match="gave up after 3 attempts"):
+        await make_model(max_retries=2, rate_limit_patience=0).complete(MSG)
+
+
+def test_retry_after_gets_jitter_on_top() -> None:
+    import random
+
+    from opto.llm.retry import retry_after_delay
+
+    rng = random.Random(0)
+    delays = [retry_after_delay(1.0, attempt=0, rng=rng) for _ in range(200)]
+    assert all(1.0 <= d <= 1.5 for d in delays)
+    assert max(delays) - min(delays) > 0.3  # spread, not all at the same instant
+
+
+def test_the_fake_server_enforces_its_rate_limit() -> None:
+    import httpx2
+
+    with FakeOpenAIServer(rate_limit_rps=2) as limited:
+        url = limited.base_url + "/chat/completions"
+        statuses = [httpx2.post(url, json={"model": "m", "messages": MSG}).status_code for _ in range(4)]
+        assert statuses[:2] == [200, 200] and 429 in statuses[2:]
+        refused = httpx2.post(url, json={"model": "m", "messages": MSG})
+        if refused.status_code == 429:
+            assert 0 < float(refused.headers["Retry-After"]) <= 0.5
+        assert limited.rate_limited >= 1
+
+
+@pytest.mark.parametrize("status", [401, 400, 500])
+async def test_a_key_echoed_in_an_error_is_redacted_everywhere(server, make_model, backoff_calls, caplog,
+                                                               status) -> None:
+    echo = {"error": {"message": f"Invalid API key provided: Bearer {KEY}. Check it.", "type": "auth"}}
+    server.fail_next(3, status=status, body=echo)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises((LLMRequestError, LLMUnavailableError)) as caught:
+        await make_model(max_retries=1).complete(MSG)
+    assert KEY not in str(caught.value) and "[REDACTED]" in str(caught.value)
+    assert caught.value.__cause__ is None  # the raw error, which holds the key, is not chained
+    assert KEY not in caplog.text
+
+
+def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
+    import json as json_module
+
+    from opto import AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter, agent
+
+    echo = {"error": {"message": f"Proxy error for Authorization: Bearer {KEY}"}}
+
+    def reply(request):
+        return FakeReply(f"upstream rejected Bearer {KEY}", status=500)
+
+    @agent(params={"prompt": Parameter("Answer.")})
+    def qa(x, prompt):
+        return "4"
+
+    caplog.set_level(logging.DEBUG)
+    with FakeOpenAIServer(reply=reply) as failing:
+        failing.fail_next(1, status=401, body=echo)
+        model = OpenAIModel("gpt-test", base_url=failing.base_url, api_key=KEY, max_retries=1)
+        try:
+            AggregatedUpdate(qa, Optimizer(model)).train(ExactMatchGuide(), [("2+2", "5"), ("1+1", "3")],
+                                                         run_dir=tmp_path, progress=False)
+        finally:
+            model.close()
+    written = {path.name: path.read_text(encoding="utf-8") for path in tmp_path.rglob("*") if path.is_file()}
+    errors = [r for r in map(json_module.loads, written["ledger.jsonl"].splitlines()) if r["type"] == "proposal_error"]
+    assert len(errors) == 2 and all("[REDACTED]" in r["error"] for r in errors)
+    assert not [name for name, text in written.items() if KEY in text]
+    assert KEY not in caplog.text

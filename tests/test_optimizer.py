@@ -175,3 +175,15 @@ async def test_concurrent_propose_calls_do_not_interfere():
         assert f'"question {i}"' in text and f"feedback {i}" in text
         assert all(f'"question {j}"' not in text for j in range(40) if j != i)
     assert shared[0].value == "Answer the question."  # proposing never writes a parameter
+
+
+async def test_values_no_parameter_can_hold_are_skipped_with_the_reason_in_the_proposal():
+    from opto import Optimizer, Parameter
+    from opto.llm import ScriptedModel
+    from opto.rollout import Rollout
+
+    params = [Parameter(0.5, name="temperature"), Parameter("Answer.", name="prompt")]
+    model = ScriptedModel(['{"suggestion": {"temperature": NaN, "prompt": "Be brief \\ud83d"}}'])
+    [proposal] = await Optimizer(model, structured=False).propose(params, Rollout(example_id="1", x="q"))
+    assert proposal.update == {"prompt": "Be brief \ufffd"}
+    assert proposal.skipped == [{"name": "temperature", "value": "nan", "reason": "nan is not a finite number"}]

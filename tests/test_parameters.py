@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import re
 import threading
 
 import pytest
@@ -345,3 +346,39 @@ def test_an_inner_assign_by_name_beats_an_outer_assign_by_object():
         with assign({prompt: "inner"}):
             assert prompt.value == "inner"
         assert prompt.value == "outer"
+
+
+# --- values must survive a JSON round trip ---------------------------------------------
+
+@pytest.mark.parametrize("value, part", [
+    (["a", {1, 2}], "item 1 of the value is a set"),
+    ({1: "a"}, "key 1 of the value is a int"),
+    ([b"bytes"], "item 0 of the value is a bytes"),
+    ([float("nan")], "item 0 of the value is nan"),
+    ({"k": [1.0, float("inf")]}, "item 1 of the value['k'] is inf"),
+    (["ok", ("a", "b")], "item 1 of the value is a tuple"),
+    ("caf\ud83d", "lone surrogate"),
+    ({"deep": ["caf\udfff"]}, "lone surrogate"),
+])
+def test_values_json_cannot_hold_are_refused_at_construction_and_on_update(value, part):
+    with pytest.raises(ParameterError, match=re.escape(part)):
+        Parameter(value, name="p")
+    kind = type(value) if not isinstance(value, str) else str
+    holder = Parameter(kind(), name="p")
+    with pytest.raises(ParameterError, match="survive a JSON round trip"):
+        holder.value = value
+    assert holder.value == kind()
+
+
+def test_json_values_round_trip_through_a_checkpoint(tmp_path):
+    from opto import Agent
+
+    class Holder(Agent):
+        def __init__(self):
+            self.a = Parameter({"list": [1, 2.5, "x", None, True, {"n": []}], "emoji": "\U0001F600"})
+
+    agent = Holder()
+    agent.save(tmp_path / "v.json")
+    agent.a.value = {}
+    agent.load(tmp_path / "v.json")
+    assert agent.a.value == {"list": [1, 2.5, "x", None, True, {"n": []}], "emoji": "\U0001F600"}

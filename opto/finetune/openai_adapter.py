@@ -29,6 +29,7 @@ import openai
 from pydantic import BaseModel, Field
 
 from ..llm.openai_model import OpenAIModel, resolve_credentials
+from ..llm.redaction import redact
 from ..preference.schemas import validate_jsonl
 from .base import (
     FineTuneError,
@@ -247,7 +248,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         except openai.APIStatusError as exc:
             raise FineTuneRefused(self._refusal(exc)) from None
         except openai.APIConnectionError as exc:
-            raise FineTuneError(f"cannot reach {self.endpoint} to create the fine-tuning job: {exc}") from None
+            raise FineTuneError(f"cannot reach {self.endpoint} to create the fine-tuning job: {redact(str(exc))}") from None
         ref = TrainingJobRef(job_id=job.id, backend=self.backend, base_model=self.base_model, method=self.method,
                              training_file=training_id, validation_file=validation_id)
         self.jobs.append(ref)
@@ -260,7 +261,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         except openai.APIStatusError as exc:
             raise FineTuneError(f"{self.endpoint} refused the upload of {path}: {_describe(exc)}") from None
         except openai.APIConnectionError as exc:
-            raise FineTuneError(f"cannot reach {self.endpoint} to upload {path}: {exc}") from None
+            raise FineTuneError(f"cannot reach {self.endpoint} to upload {path}: {redact(str(exc))}") from None
         deadline = time.monotonic() + self.file_timeout
         current = uploaded
         while getattr(current, "status", None) not in (None, "processed"):
@@ -367,12 +368,13 @@ def _root(url: str | None) -> str:
 
 
 def _message(exc: openai.APIError) -> str:
+    """The server's error message, with any API key it echoed redacted."""
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return str(getattr(exc, "message", None) or exc)
+            return redact(str(inner["message"]))
+    return redact(str(getattr(exc, "message", None) or exc))
 
 
 def _describe(exc: openai.APIError) -> str:

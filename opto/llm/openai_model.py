@@ -16,7 +16,8 @@ from ._loop import BackgroundLoop
 from .base import Model
 from .errors import LLMRequestError, LLMUnavailableError
 from .ratelimit import RateLimiter
-from .retry import backoff_delay, retry_after_seconds
+from .redaction import redact, remember_secret
+from .retry import backoff_delay, retry_after_delay, retry_after_seconds
 from .types import Completion, Message, TokenUsage
 from .usage import estimate_tokens
 
@@ -52,6 +53,7 @@ def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> 
                 "(or pass base_url=... for an OpenAI-compatible server that needs none)"
             )
         api_key = "no-key-needed"
+    remember_secret(api_key)
     return base_url, api_key
 
 
@@ -71,8 +73,12 @@ class OpenAIModel(Model):
         requests_per_minute / tokens_per_minute: optional rate limits (tokens are
             estimated before a request and corrected from the reply's usage).
         timeout: seconds per request before it counts as failed and is retried.
-        max_retries: retries of a 429, 5xx, timeout, connection error or malformed
-            reply, with exponential backoff and jitter, honouring Retry-After.
+        max_retries: retries of a 5xx, timeout, connection error or malformed reply,
+            with exponential backoff and jitter.
+        rate_limit_patience: seconds a request keeps retrying 429s (rate limited) before
+            it gives up; these retries wait what Retry-After asks plus a random share
+            of it, so refused requests do not all come back at once, and do not count
+            against `max_retries`.
         cache, budget, prices: see `Model`.
 
     The client, its connection pool and the limits live on a private event loop in a
@@ -91,6 +97,7 @@ class OpenAIModel(Model):
         tokens_per_minute: int | None = None,
         timeout: float = 60.0,
         max_retries: int = 5,
+        rate_limit_patience: float = 300.0,
         cache: Any = None,
         budget: Any = None,
         prices: Any = None,
@@ -102,10 +109,13 @@ class OpenAIModel(Model):
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if rate_limit_patience < 0:
+            raise ValueError(f"rate_limit_patience must be >= 0 seconds, got {rate_limit_patience}")
         self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIModel")
         self.max_concurrency = max_concurrency
         self.timeout = timeout
         self.max_retries = max_retries
+        self.rate_limit_patience = rate_limit_patience
         self._limits = RateLimiter(requests_per_minute, tokens_per_minute)
         self._loop = BackgroundLoop(f"opto-openai-{model}")
         self._client: openai.AsyncOpenAI | None = None
@@ -156,7 +166,8 @@ class OpenAIModel(Model):
         last_error: BaseException | None = None
         attempt = 0
         handle = None
-        while attempt <= self.max_retries:
+        patience_ends = asyncio.get_running_loop().time() + self.rate_limit_patience
+        while True:
             # A failed attempt's estimate leaves the token window: it was not served.
             self._limits.record_actual(handle, 0)
             handle = None
@@ -180,27 +191,35 @@ class OpenAIModel(Model):
                 if kind and exc.status_code in (400, 500) and _about_response_format(exc):
                     if kind not in self._rejected_formats:
                         logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
-                                       exc.message)
+                                       redact(exc.message))
                         self._rejected_formats.add(kind)
                     continue
                 if not _is_transient_status(exc.status_code):
-                    raise LLMRequestError(f"{self.name}: request rejected: {exc.message}", exc.status_code) from exc
-                last_error, delay = exc, retry_after_seconds(exc.response.headers)
+                    raise LLMRequestError(f"{self.name}: request rejected: {redact(exc.message)}",
+                                          exc.status_code) from _keyless(exc)
+                last_error = exc
+                if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
+                    # Rate limited: wait as asked (with jitter), without using up a retry.
+                    delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
+                    logger.warning("%s: %s; rate limited, retrying in %.2fs", self.name, _describe(exc), delay)
+                    await asyncio.sleep(delay)
+                    continue
+                delay = retry_after_seconds(exc.response.headers)
             except (*_TRANSIENT, _MalformedReply) as exc:
                 last_error, delay = exc, None
             attempt += 1
             if attempt > self.max_retries:
                 break
-            delay = backoff_delay(attempt - 1) if delay is None else delay
+            delay = backoff_delay(attempt - 1) if delay is None else retry_after_delay(delay, attempt - 1)
             logger.warning(
                 "%s: %s; retry %d/%d in %.2fs", self.name, _describe(last_error), attempt, self.max_retries, delay
             )
             await asyncio.sleep(delay)
         self._limits.record_actual(handle, 0)
         raise LLMUnavailableError(
-            f"{self.name}: gave up after {self.max_retries + 1} attempts: {_describe(last_error)}",
-            attempts=self.max_retries + 1,
-        ) from last_error
+            f"{self.name}: gave up after {attempt} attempts: {_describe(last_error)}",
+            attempts=attempt,
+        ) from _keyless(last_error)
 
     def _to_completion(self, body: Any, prompt_estimate: int) -> Completion:
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -257,5 +276,14 @@ def _describe(error: BaseException | None) -> str:
     if error is None:
         return "unknown error"
     status = getattr(error, "status_code", None)
-    text = getattr(error, "message", None) or str(error)
+    text = redact(getattr(error, "message", None) or str(error))
     return f"{type(error).__name__}{f' {status}' if status else ''}: {text[:200]}"
+
+
+def _keyless(error: BaseException | None) -> BaseException | None:
+    """The error to chain as the cause, unless its text holds a key (then none: a
+    traceback printed later must not show it)."""
+    if error is None:
+        return None
+    text = f"{error} {getattr(error, 'message', '')} {getattr(error, 'body', '')}"
+    return None if redact(text) != text else error

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import deque
 
-from asyncio_throttle import Throttler
+from aiolimiter import AsyncLimiter
 
 __all__ = ["RateLimiter"]
 
@@ -42,13 +42,21 @@ class _TokenWindow:
 
 
 class RateLimiter:
-    """Requests per minute (asyncio-throttle) and tokens per minute, both optional."""
+    """Requests per minute (aiolimiter's leaky bucket) and tokens per minute, both optional.
+
+    Requests are spread evenly over the minute, with bursts of at most one second's
+    worth: a limit of 300 per minute sends about 5 requests a second, never the whole
+    minute's quota at once (which a server that counts per second would refuse).
+    """
 
     def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
         for label, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
             if value is not None and value < 1:
                 raise ValueError(f"{label} must be >= 1 or None, got {value}")
-        self._requests = Throttler(rate_limit=requests_per_minute, period=_WINDOW) if requests_per_minute else None
+        self._requests: AsyncLimiter | None = None
+        if requests_per_minute:
+            burst = max(1.0, requests_per_minute / 60.0)  # one second's worth
+            self._requests = AsyncLimiter(burst, burst * _WINDOW / requests_per_minute)
         self._tokens = _TokenWindow(tokens_per_minute) if tokens_per_minute else None
 
     async def acquire(self, estimated_tokens: int) -> list[float] | None:

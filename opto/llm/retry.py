@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Mapping
 
-__all__ = ["backoff_delay", "retry_after_seconds"]
+__all__ = ["backoff_delay", "retry_after_delay", "retry_after_seconds"]
 
 MAX_RETRY_AFTER = 120.0
 
@@ -40,3 +40,11 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0, rng: rando
     """Exponential backoff with jitter: half fixed, half random, so clients spread out."""
     ceiling = min(cap, base * (2**attempt))
     return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+def retry_after_delay(retry_after: float | None, attempt: int, rng: random.Random | None = None) -> float:
+    """How long to wait after a refusal: what Retry-After asks (or the backoff when it asks
+    nothing) plus a random share of up to half of it, so that the requests a server
+    refused at one moment do not all come back at the same instant."""
+    base = backoff_delay(attempt, rng=rng) if retry_after is None else retry_after
+    return base + (rng or random).uniform(0, max(0.05, base / 2))

@@ -203,6 +203,9 @@ class FakeOpenAIServer:
         latency: seconds each chat request waits before answering (settable later).
         model: the model reported when a request names none.
         port: the port to listen on; 0 picks a free one.
+        rate_limit_rps: when set, chat requests beyond this many per second (a token
+            bucket holding one second's worth) get a 429 with a Retry-After header
+            saying when the next one would be accepted; `rate_limited` counts them.
 
     Attributes:
         latency: see above.
@@ -220,9 +223,12 @@ class FakeOpenAIServer:
         latency: float = 0.0,
         model: str = "fake-model",
         port: int = 0,
+        rate_limit_rps: float | None = None,
     ) -> None:
         if isinstance(reply, list) and not reply:
             raise ValueError("reply list must not be empty")
+        if rate_limit_rps is not None and rate_limit_rps <= 0:
+            raise ValueError(f"rate_limit_rps must be > 0 or None, got {rate_limit_rps}")
         self.reply = reply
         self.latency = latency
         self.model = model
@@ -233,6 +239,9 @@ class FakeOpenAIServer:
             "message": "The training file is not valid (fake failure).",
             "param": "training_file",
         }
+        self.rate_limit_rps = rate_limit_rps
+        self._bucket = (max(1.0, rate_limit_rps or 1.0), time.monotonic())  # (tokens, when)
+        self._rate_limited = 0
         self._port = port
         # One lock guards all mutable state; it is never held while sleeping or calling `reply`.
         self._lock = threading.Lock()
@@ -402,7 +411,34 @@ class FakeOpenAIServer:
 
     # chat completions
 
+    @property
+    def rate_limited(self) -> int:
+        """Chat requests refused with a 429 by `rate_limit_rps`."""
+        with self._lock:
+            return self._rate_limited
+
+    def _take_token(self) -> float | None:
+        """Under `rate_limit_rps`: None if this request may go, else seconds until one may."""
+        if self.rate_limit_rps is None:
+            return None
+        capacity = max(1.0, self.rate_limit_rps)
+        with self._lock:
+            tokens, then = self._bucket
+            now = time.monotonic()
+            tokens = min(capacity, tokens + (now - then) * self.rate_limit_rps)
+            if tokens >= 1.0:
+                self._bucket = (tokens - 1.0, now)
+                return None
+            self._bucket = (tokens, now)
+            self._rate_limited += 1
+            return (1.0 - tokens) / self.rate_limit_rps
+
     def _chat(self, request: RecordedRequest) -> _Response | None:
+        wait = self._take_token()
+        if wait is not None:
+            response = _error(429, "Rate limit reached for requests (fake server).", code="rate_limit_exceeded")
+            response.headers["Retry-After"] = f"{wait:.3f}"
+            return response
         with self._lock:
             self._in_flight += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)

@@ -33,3 +33,12 @@ def test_readme_training_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert float(final) > float(initial)
     assert "Reply with the number in digits." in params
     assert (tmp_path / "runs" / "qa" / "ledger.jsonl").exists()
+
+
+def test_readme_search_strategies_example_runs_as_written(capsys):
+    section = README.read_text().split("### Search strategies", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    before, after, demos = capsys.readouterr().out.strip().split(" ", 2)
+    assert float(before) == 0.0 and float(after) == 1.0
+    assert "'output': 'boxes'" in demos or "'output': 'foxes'" in demos

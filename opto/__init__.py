@@ -6,8 +6,10 @@ and accepted or rolled back, and every decision is written to a ledger.
 """
 
 from .agent import Agent, agent
+from .callbacks import Callback
 from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
 from .data import DataLoader, DatasetError, Example, load_dataset
+from .events import LEDGER_VERSION, LedgerEvent, StepRecord
 from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 from .ledger import RunDir
 from .llm import (
@@ -34,6 +36,7 @@ __all__ = [
     "AggregatedUpdate",
     "Aggregator",
     "Budget",
+    "Callback",
     "BudgetExceeded",
     "Candidate",
     "Completion",
@@ -48,7 +51,9 @@ __all__ = [
     "Feedback",
     "Guide",
     "LLMError",
+    "LEDGER_VERSION",
     "LLMJudgeGuide",
+    "LedgerEvent",
     "LocalModel",
     "Minibatch",
     "Model",
@@ -63,6 +68,7 @@ __all__ = [
     "Rollout",
     "RunDir",
     "ScriptedModel",
+    "StepRecord",
     "TooManyFailures",
     "TrainResult",
     "aevaluate",

@@ -1,23 +1,25 @@
 """The run directory: ledger.jsonl, checkpoint.json, metrics.jsonl.
 
-The ledger holds one record per rollout, proposal, aggregate candidate and validation
-decision, linked by ids (`step`, `instance_id`, `proposal_id`, `candidate_id`). Records
-are appended with fsync; the checkpoint and rewrites are atomic (temp file + rename).
-Nothing is pickled and no API key is ever written.
+The ledger holds one typed event (`opto.events.LedgerEvent`) per rollout, proposal,
+aggregate candidate and validation decision, linked by ids (`step`, `instance_id`,
+`proposal_id`, `candidate_id`). Records are appended with fsync; the checkpoint and
+rewrites are atomic (temp file + rename). Nothing is pickled and no API key is ever
+written. `RunDirWriter` is the training loop's sink for all of it.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from ._io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, repair_jsonl
+from .callbacks import Callback
+from .events import LedgerEvent, StepRecord, parse_event
 from .llm.usage import UsageStats
 
-__all__ = ["Checkpoint", "RunDir"]
+__all__ = ["Checkpoint", "RunDir", "RunDirWriter"]
 
 CHECKPOINT_VERSION = 1
 
@@ -54,15 +56,10 @@ class RunDir:
         self.ledger_path = self.path / "ledger.jsonl"
         self.checkpoint_path = self.path / "checkpoint.json"
         self.metrics_path = self.path / "metrics.jsonl"
-        self._pending: list[dict[str, Any]] = []
 
-    def record(self, kind: str, step: int, **fields: Any) -> None:
-        """Queue a ledger record; `flush` writes the queue."""
-        self._pending.append({"type": kind, "step": step, "time": time.time(), **fields})
-
-    def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        append_jsonl(self.ledger_path, pending)
+    def append_events(self, events: list[LedgerEvent]) -> None:
+        """Append events to the ledger (one JSON line each)."""
+        append_jsonl(self.ledger_path, [e.model_dump(mode="json") for e in events])
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
         append_jsonl(self.metrics_path, [metrics])
@@ -79,7 +76,12 @@ class RunDir:
             raise ValueError(f"{self.checkpoint_path} is not a valid opto checkpoint: {exc}") from exc
 
     def ledger(self) -> list[dict[str, Any]]:
+        """The ledger's records as dicts (any version)."""
         return read_jsonl(self.ledger_path)
+
+    def events(self, kind: str | None = None) -> list[LedgerEvent]:
+        """The ledger's records as typed events, optionally only those of one `type`."""
+        return [parse_event(r) for r in self.ledger() if kind is None or r.get("type") == kind]
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_path)
@@ -103,3 +105,30 @@ class RunDir:
         """Start afresh: remove the files of an earlier run in this folder."""
         for path in (self.ledger_path, self.checkpoint_path, self.metrics_path):
             path.unlink(missing_ok=True)
+
+
+class RunDirWriter(Callback):
+    """The training loop's sink for a `RunDir`: a step's events go to the ledger when the
+    step ends; the loop also hands it metrics lines and checkpoints. Unlike a user's
+    callback, a failure here is not swallowed: the run must know its files are not written.
+    """
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._pending: list[LedgerEvent] = []
+
+    def on_event(self, event: LedgerEvent) -> None:
+        self._pending.append(event)
+
+    def on_step_end(self, record: StepRecord) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        self.run.append_events(pending)
+
+    def keep_unfinished(self, record: StepRecord | None) -> None:
+        """A step stopped part-way: keep what it did for audit (resume discards and redoes it)."""
+        if record is not None:
+            self._pending.extend(record.events)
+        self.flush()

@@ -48,7 +48,7 @@ class Rollout(BaseModel):
         return self.error is not None
 
     def to_record(self) -> dict[str, Any]:
-        """The rollout as ledger fields (`instance_id` links it to proposals and candidates)."""
+        """The rollout as `RolloutEvent` fields (`instance_id` links it to proposals and candidates)."""
         record = self.model_dump(mode="json")
         record["instance_id"] = record.pop("example_id")
         return record

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_preference_run import make_run
+from world import make_run
 
 from opto import OpenAIModel
 from opto.cli import main

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_preference_run import make_run
+from world import make_run
 
 from opto.cli import main
 from opto.finetune import FineTuneError, TRLAdapter

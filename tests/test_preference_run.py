@@ -1,19 +1,15 @@
-"""End to end: a real training run with num_proposals=2 -> ledger -> preference files.
-
-`make_run` is also used by the fine-tuning tests: it trains a counting agent with
-ScriptedModels (no network), scoring every proposal on its own.
-"""
+"""End to end: a real training run with num_proposals=2 -> ledger -> preference files
+(the run is `world.make_run`, shared with the fine-tuning tests)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from opto import Agent, AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, Parameter, RunDir, ScriptedModel
+from opto import AggregatedUpdate, ExactMatchGuide, Optimizer, RunDir, ScriptedModel
 from opto.cli import main
 from opto.preference import (
     PreferencePairBuilder,
@@ -23,57 +19,7 @@ from opto.preference import (
     validate_jsonl,
 )
 from opto.trainer.proposal_scoring import check_score_proposals
-
-WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
-GOOD = "Count the items. Reply with digits only."
-BAD = "Count the items and reply in words."
-
-
-class Counter(Agent):
-    """Counts the words after 'Count:'; answers in digits only when its prompt says so."""
-
-    def __init__(self, model: ScriptedModel) -> None:
-        self.model = model
-        self.prompt = Parameter("Count the items.", description="the system prompt of the counting model")
-
-    async def forward(self, question: str) -> str:
-        reply = await self.model.complete(
-            [{"role": "system", "content": self.prompt.value}, {"role": "user", "content": question}]
-        )
-        return reply.text
-
-
-def _agent_reply(messages: list[dict[str, Any]]) -> str:
-    count = len(messages[-1]["content"].split(":", 1)[1].split())
-    return str(count) if "digits" in messages[0]["content"] else f"{WORDS[count]} items"
-
-
-def _alternating(first: str, second: str) -> Any:
-    """Sample 0 proposes `first`, sample 1 `second` (n=2 samples are drawn in order)."""
-    tick = itertools.count()
-
-    def reply(messages: list[dict[str, Any]]) -> str:
-        value = first if next(tick) % 2 == 0 else second
-        return json.dumps({"reasoning": f"try {value!r}", "suggestion": {"prompt": value}})
-
-    return reply
-
-
-def make_run(run_dir: Path, *, examples: int = 8, score_proposals: str = "instance") -> dict[str, Any]:
-    """Train the counting agent for examples/2 steps into `run_dir`; returns the TrainResult as a dict."""
-    data = [{"x": f"Count: {' '.join(['apple'] * k)}", "info": str(k), "id": f"q{k}"} for k in range(1, examples + 1)]
-    agent = Counter(ScriptedModel(_agent_reply, name="agent-model"))
-    trainer = AggregatedUpdate(
-        agent,
-        Optimizer(ScriptedModel(_alternating(GOOD, BAD), name="optimizer-model"), num_proposals=2),
-        aggregator=Aggregator(ScriptedModel(_alternating(GOOD, "Count the items, explain in words."),
-                                            name="aggregator-model"), num_candidates=2),
-        score_proposals=score_proposals,
-        concurrency=4,
-    )
-    result = trainer.train(ExactMatchGuide(), data, batch_size=2, run_dir=run_dir, progress=False, shuffle=False)
-    return result.model_dump()
-
+from world import BAD, GOOD, WORDS, Counter, counting_reply, alternating, make_run
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -133,8 +79,8 @@ def test_score_proposals_setting_is_checked() -> None:
 
 def test_without_scoring_optimizer_turns_have_no_scores(tmp_path: Path) -> None:
     data = [{"x": "Count: apple", "info": "1", "id": "q1"}]
-    trainer = AggregatedUpdate(Counter(ScriptedModel(_agent_reply)),
-                               Optimizer(ScriptedModel(_alternating(GOOD, BAD)), num_proposals=2))
+    trainer = AggregatedUpdate(Counter(ScriptedModel(counting_reply)),
+                               Optimizer(ScriptedModel(alternating(GOOD, BAD)), num_proposals=2))
     trainer.train(ExactMatchGuide(), data, run_dir=tmp_path, progress=False)
     reading = read_turns(tmp_path, "optimizer")
     assert [len(t.candidates) for t in reading.turns] == [0]

@@ -9,7 +9,6 @@ raises the level by `delta`, so whether a candidate helps depends on the batch.
 import asyncio
 import collections
 import json
-import re
 import signal
 
 import pytest
@@ -30,77 +29,8 @@ from opto import (
 )
 from opto.llm import LLMError, ScriptedModel
 from opto.trainer import DatasetValidation, InstanceOutput, StepOutcome
-
-OPTIMIZER_SYSTEM = "You improve the parameters"
-AGGREGATOR_SYSTEM = "You merge several suggested updates"
-
-
-def agent_reply(messages):
-    level = int(re.fullmatch(r"level (-?\d+)", messages[0]["content"]).group(1))
-    x = int(messages[1]["content"])
-    return str(2 * x) if x < level else "wrong"
-
-
-class LevelAgent(Agent):
-    def __init__(self, model, level=0, fail_on=()):
-        self.model = model
-        self.system_prompt = Parameter(f"level {level}", description="the agent's system prompt")
-        self.fail_on = set(fail_on)
-
-    async def forward(self, x):
-        if x in self.fail_on:
-            raise RuntimeError(f"agent cannot handle {x}")
-        reply = await self.model.complete(
-            [{"role": "system", "content": self.system_prompt.value}, {"role": "user", "content": str(x)}]
-        )
-        return reply.text
-
-
-def role_of(messages):
-    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
-    if system.startswith(OPTIMIZER_SYSTEM):
-        return "optimizer"
-    if system.startswith(AGGREGATOR_SYSTEM):
-        return "aggregator"
-    raise AssertionError(f"unexpected prompt: {messages[0]}")
-
-
-def make_brain(delta=1, optimizer=None, aggregator=None):
-    """A callable for ScriptedModel; `optimizer`/`aggregator` override that role's reply."""
-
-    def respond(messages):
-        role = role_of(messages)
-        text = messages[-1]["content"]
-        if role == "optimizer":
-            if optimizer is not None:
-                return optimizer(messages)
-            level = int(re.search(r'- current value: "level (-?\d+)"', text).group(1))
-            return json.dumps({"reasoning": "raise the level", "suggestion": {"system_prompt": f"level {level + delta}"}})
-        if aggregator is not None:
-            return aggregator(messages)
-        level = int(re.search(r'"system_prompt": "level (-?\d+)"', messages[1]["content"]).group(1))
-        return json.dumps({"reasoning_system_prompt": "one step",
-                           "suggestion": {"system_prompt": f"level {level + delta}"}})
-
-    return respond
-
-
-def requests_of(model, role):
-    return [r for r in model.requests if role_of(r["messages"]) == role]
-
-
-def dataset(xs):
-    return [{"x": x, "info": str(2 * x), "id": f"x{x}"} for x in xs]
-
-
-def make_trainer(level=0, delta=1, brain_kwargs=None, agent_kwargs=None, brain_model_kwargs=None,
-                 agent_model_kwargs=None, **trainer_kwargs):
-    agent_model = ScriptedModel(agent_reply, name="agent-model", **(agent_model_kwargs or {}))
-    brain = ScriptedModel(make_brain(delta, **(brain_kwargs or {})), name="brain", **(brain_model_kwargs or {}))
-    the_agent = LevelAgent(agent_model, level=level, **(agent_kwargs or {}))
-    trainer = AggregatedUpdate(the_agent, Optimizer(brain), llm=brain, **trainer_kwargs)
-    return trainer, the_agent, agent_model, brain
-
+from world import AGGREGATOR_SYSTEM, LevelAgent, agent_reply, dataset, make_brain, requests_of
+from world import make_level_trainer as make_trainer
 
 TRAIN = {"progress": False, "shuffle": False}
 

@@ -1,30 +1,46 @@
-"""`AggregatedUpdate`: per-instance proposals merged by an LLM, validated, then applied."""
+"""`AggregatedUpdate`: per-instance proposals, merged into candidates, validated, applied.
+
+A step reads top to bottom as its data flow (see `step`): rollouts -> proposals ->
+[proposal scores] -> candidates -> decisions -> apply. Each stage adds its events to
+the step's `StepRecord`; nothing here writes a file. Pareto selection lives in
+`selection.py`, the Trace-compatible `forward`/`update` in `trace_compat.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-
-import numpy as np
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
 
-from .._async import gather_all, run_sync
+from .._async import gather_all
 from ..agent import Agent
 from ..aggregation import Aggregator, Candidate
 from ..data import Example
+from ..events import (
+    AggregateErrorEvent,
+    AppliedEvent,
+    CandidateEvent,
+    DecisionEvent,
+    ParentEvent,
+    PoolEvent,
+    ProposalErrorEvent,
+    ProposalEvent,
+    RolloutEvent,
+    StepRecord,
+)
 from ..guides import Guide
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
 from ..optimizers import Optimizer, Proposal, Proposer
-from ..parameters import Parameter
-from ..rollout import Rollout, mean_score, run_rollout, run_rollouts
-from .minibatch import Minibatch, StepContext, StepOutcome
+from ..rollout import Rollout, mean_score, run_rollouts
 from .failures import check_failures
+from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
 from .selection import START_ID, CandidatePool, check_selection
+from .trace_compat import InstanceOutput, TraceCompatible
 from .validation import DatasetValidation, Decision, Validation, ValidationContext, make_validation
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
@@ -32,18 +48,8 @@ __all__ = ["AggregatedUpdate", "InstanceOutput"]
 logger = logging.getLogger(__name__)
 
 
-class InstanceOutput(BaseModel):
-    """What `forward` returns for one instance: its rollout and its proposals."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    rollout: Rollout
-    proposals: list[Proposal] = Field(default_factory=list)
-    error: str | None = None
-
-
-class AggregatedUpdate(Minibatch):
-    """Propose per instance, aggregate with an LLM, validate, accept or roll back.
+class AggregatedUpdate(TraceCompatible, Minibatch):
+    """Propose per instance, aggregate, validate, accept or roll back.
 
     Args:
         agent: the agent to train.
@@ -98,97 +104,125 @@ class AggregatedUpdate(Minibatch):
         self.pool = CandidatePool()
         self._seed = 0
         self.aggregator_system_prompt = self.aggregator.system_prompt
-        # Used by forward()/update() when called outside train().
-        self.stepsize = 0.5
-        self.min_score: float | None = None
-        self.guide: Guide | None = None
-        # Limits concurrent optimizer calls; one per event loop, since a semaphore is bound
+        # Limits concurrent proposer calls; one per event loop, since a semaphore is bound
         # to the loop it first waits in (train() and a user's aforward() may use different loops).
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._unread_warned: set[str] = set()
 
-    # Trace-compatible names -------------------------------------------------------------
+    async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
+        self._seed = kwargs.get("seed", 0)
+        self.remember(guide, kwargs.get("stepsize", 0.5), kwargs.get("min_score"))
+        return await super().atrain(guide, train_dataset, **kwargs)
 
-    def to_param_dict(self, update_dict: dict[str, Any]) -> dict[Parameter, Any]:
-        """{parameter name: value} -> {Parameter: value} for this agent."""
-        return self.agent.resolve(update_dict)
+    atrain.__doc__ = Minibatch.atrain.__doc__
 
-    def forward(self, agent: Agent, x: Any, guide: Guide, info: Any) -> InstanceOutput:
-        """Run one instance, judge it and ask the optimizer for proposals."""
-        return run_sync(self.aforward(agent, x, guide, info))
+    # The step, top to bottom ----------------------------------------------------------
 
-    def update(self, outputs: Sequence[InstanceOutput]) -> StepOutcome:
-        """Aggregate the proposals of `outputs`, validate the candidate, apply it if accepted."""
-        return run_sync(self.aupdate(outputs))
-
-    async def aforward(
-        self, agent: Agent, x: Any, guide: Guide, info: Any, *, example_id: str = "", ctx: StepContext | None = None
-    ) -> InstanceOutput:
-        """Async `forward`: run and judge one instance, then ask for proposals."""
-        self.guide = guide
-        rollout = await run_rollout(agent, guide, Example(x, info, id=example_id), min_score=self.min_score)
-        return await self._propose(rollout, ctx)
-
-    async def aupdate(self, outputs: Sequence[InstanceOutput], ctx: StepContext | None = None) -> StepOutcome:
-        """Async `update`: aggregate, validate every candidate, apply the best accepted one."""
-        if self.guide is None:
-            raise ValueError("update() needs the guide given to forward(); call forward() first")
-        ctx = ctx or StepContext(step=0, epoch=0, guide=self.guide, stepsize=self.stepsize,
-                                 min_score=self.min_score, verbose=False)
-        rollouts = [o.rollout for o in outputs]
+    async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
+        if self.selection == "pareto" and self.pool:
+            self._start_from_the_front(ctx)
+        rollouts = await self._rollouts(batch, ctx)
+        outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
         proposals = [p for o in outputs for p in o.proposals]
-        score = mean_score(rollouts)
-        candidates = await self._aggregate(proposals, ctx)
+        if self.score_proposals:
+            await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
+                                  min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout)
+        return await self._decide(rollouts, proposals, ctx)
+
+    async def _rollouts(self, batch: list[Example], ctx: StepContext) -> list[Rollout]:
+        """The agent and guide on every example under the current values."""
+        rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
+                                      concurrency=self.concurrency, timeout=ctx.rollout_timeout)
+        for rollout in rollouts:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+        ctx.failure_log.note(rollouts, f"step {ctx.step}")
+        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+        self._warn_unread(rollouts)
+        return rollouts
+
+    async def _propose(self, rollout: Rollout, ctx: StepContext) -> InstanceOutput:
+        """Every proposer's proposals for one instance (a failed rollout gets none)."""
+        if rollout.failed:
+            return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
+        results = await gather_all(self._ask(proposer, rollout, ctx) for proposer in self.proposers)
+        proposals = [p for found in results if found is not None for p in found]
+        errors = [f"{proposer.name}: failed" for proposer, found in zip(self.proposers, results) if found is None]
+        for proposal in proposals:
+            ctx.emit(ProposalEvent(step=ctx.step, **proposal.model_dump(mode="json")))
+            if ctx.verbose and proposal.prompt_messages:
+                _show(proposal.proposer, proposal.prompt_messages, proposal.raw_response)
+        return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
+
+    async def _ask(self, proposer: Proposer, rollout: Rollout, ctx: StepContext) -> list[Proposal] | None:
+        """One proposer's proposals; None when its model failed (recorded, the step goes on)."""
+        try:
+            async with self._loop_gate():
+                return await proposer.propose(self.agent.parameters(), rollout)
+        except BudgetExceeded:
+            raise
+        except LLMError as exc:
+            logger.warning("%s failed on %s: %s", proposer.name, rollout.example_id, exc)
+            ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=rollout.example_id, proposer=proposer.name,
+                                        error=str(exc)))
+            return None
+
+    async def _decide(self, rollouts: list[Rollout], proposals: list[Proposal], ctx: StepContext) -> StepRecord:
+        """Candidates from the proposals, a decision on each, and the best accepted one applied."""
+        record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
+        record.score = mean_score(rollouts)
+        candidates = await self._candidates(proposals, ctx)
         usable = [c for c in candidates if c.update]
         if not usable:
-            note = "no candidate: " + _why_none(proposals, candidates)
-            ctx.record("decision", candidate_id=None, accepted=None, reason=note)
-            return StepOutcome(score=score, note=note)
-        batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
-        vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
-                                 min_score=ctx.min_score, concurrency=self.concurrency,
-                                 improvement_threshold=self.improvement_threshold,
-                                 rollout_timeout=ctx.rollout_timeout)
-        decisions = [await self._validate(vctx, c, ctx) for c in usable]
+            record.note = "no candidate: " + _why_none(proposals, candidates)
+            ctx.emit(DecisionEvent(step=ctx.step, reason=record.note))
+            return record
+        decisions = await self._decisions(usable, rollouts, ctx)
         if self.selection == "pareto":
             self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
             best = max(decisions, key=_by_score)
-            return StepOutcome(score=score, accepted=False, candidate_score=best.candidate_score, note=best.reason)
+            record.accepted, record.candidate_score, record.note = False, best.candidate_score, best.reason
+            return record
         decision, winner = max(accepted, key=lambda pair: _by_score(pair[0]))
         self.agent.apply(winner.update)
-        ctx.record("applied", candidate_id=winner.candidate_id, update=winner.update)
-        return StepOutcome(score=score, accepted=True, candidate_score=decision.candidate_score,
-                           update=winner.update, note=decision.reason)
+        ctx.emit(AppliedEvent(step=ctx.step, candidate_id=winner.candidate_id, update=winner.update))
+        record.accepted, record.candidate_score = True, decision.candidate_score
+        record.update, record.note = winner.update, decision.reason
+        return record
 
-    # The step -----------------------------------------------------------------------
+    async def _candidates(self, proposals: list[Proposal], ctx: StepContext) -> list[Candidate]:
+        try:
+            candidates = await self.aggregator.aggregate(self.agent.parameters(), proposals, ctx.stepsize)
+        except BudgetExceeded:
+            raise
+        except LLMError as exc:
+            logger.warning("step %d: aggregator failed, no update: %s", ctx.step, exc)
+            ctx.emit(AggregateErrorEvent(step=ctx.step, error=str(exc)))
+            return []
+        for candidate in candidates:
+            for group in candidate.groups if candidate.sample_index == 0 else []:
+                ctx.emit(CandidateEvent(step=ctx.step, final=False, **group.model_dump(mode="json", exclude={"groups"})))
+            ctx.emit(CandidateEvent(step=ctx.step, final=True, **candidate.model_dump(mode="json", exclude={"groups"})))
+            if ctx.verbose:
+                _show("aggregator", candidate.prompt_messages, candidate.raw_response)
+        return candidates
 
-    async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
-        self.guide = guide
-        self._seed = kwargs.get("seed", 0)
-        self.stepsize = kwargs.get("stepsize", 0.5)
-        self.min_score = kwargs.get("min_score")
-        return await super().atrain(guide, train_dataset, **kwargs)
-
-    atrain.__doc__ = Minibatch.atrain.__doc__
-
-    async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
-        if self.selection == "pareto" and self.pool:
-            self._start_from_the_front(ctx)
-        rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                      concurrency=self.concurrency, timeout=ctx.rollout_timeout)
-        for rollout in rollouts:
-            ctx.record("rollout", phase="train", candidate_id=None, **rollout.to_record())
-        ctx.failure_log.note(rollouts, f"step {ctx.step}")
-        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
-        self._warn_unread(rollouts)
-        outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
-        if self.score_proposals:
-            await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts,
-                                  [p for o in outputs for p in o.proposals], ctx=ctx, min_score=ctx.min_score,
-                                  concurrency=self.concurrency, timeout=ctx.rollout_timeout)
-        return await self.aupdate(outputs, ctx)
+    async def _decisions(self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext) -> list[Decision]:
+        batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
+        vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
+                                 min_score=ctx.min_score, concurrency=self.concurrency,
+                                 improvement_threshold=self.improvement_threshold,
+                                 rollout_timeout=ctx.rollout_timeout)
+        decisions = []
+        for candidate in candidates:
+            decision = await self.validation.decide(vctx, candidate.candidate_id, self.to_param_dict(candidate.update))
+            for rollout in decision.rollouts:
+                ctx.emit(RolloutEvent(step=ctx.step, phase="validation", **{**rollout.to_record(),
+                                                                           "candidate_id": candidate.candidate_id}))
+            ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
+            decisions.append(decision)
+        return decisions
 
     # Pareto selection ------------------------------------------------------------------
 
@@ -203,7 +237,7 @@ class AggregatedUpdate(Minibatch):
         weights = self.pool.front()
         parent = self.pool.sample(np.random.default_rng([self._seed, ctx.step]))
         self.agent.apply(parent.values)
-        ctx.record("parent", candidate_id=parent.candidate_id, front=weights, mean=parent.mean)
+        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=weights, mean=parent.mean))
 
     def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
         current = self._stored_values()
@@ -211,12 +245,12 @@ class AggregatedUpdate(Minibatch):
         if parent is None:  # the first validation: the starting values join the pool
             parent = self.pool.add(START_ID if not self.pool else f"step{ctx.step}-start", current,
                                    decisions[0].current_rollouts, step=ctx.step - 1, parent_id=None)
-            ctx.record("pool", **parent.model_dump(mode="json"), pool_mean=parent.mean)
+            ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
             if decision.rollouts:
                 entry = self.pool.add(candidate.candidate_id, {**current, **candidate.update}, decision.rollouts,
                                       step=ctx.step, parent_id=parent.candidate_id)
-                ctx.record("pool", **entry.model_dump(mode="json"), pool_mean=entry.mean)
+                ctx.emit(PoolEvent(step=ctx.step, **entry.model_dump(mode="json"), pool_mean=entry.mean))
 
     def finish(self) -> bool:
         """At the end of a run with Pareto selection, apply the pool's best mean."""
@@ -233,6 +267,8 @@ class AggregatedUpdate(Minibatch):
     def _stored_values(self) -> dict[str, Any]:
         return {p.name: p.stored_value for p in self.agent.parameters(trainable_only=True)}  # type: ignore[misc]
 
+    # Helpers ---------------------------------------------------------------------------
+
     def _warn_unread(self, rollouts: Sequence[Rollout]) -> None:
         """Warn once per parameter that the agent never read in a step where it ran:
         the optimizer would be tuning a value that has no effect."""
@@ -246,61 +282,11 @@ class AggregatedUpdate(Minibatch):
                 logger.warning("the agent never read the trainable parameter %r in this step: updates to it "
                                "have no effect (read it through .value inside forward)", param.name)
 
-    async def _propose(self, rollout: Rollout, ctx: StepContext | None) -> InstanceOutput:
-        if rollout.failed:
-            return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
-        results = await gather_all(self._ask(proposer, rollout, ctx) for proposer in self.proposers)
-        proposals = [p for found in results if found is not None for p in found]
-        errors = [f"{proposer.name}: failed" for proposer, found in zip(self.proposers, results) if found is None]
-        for proposal in proposals:
-            if ctx:
-                ctx.record("proposal", **proposal.model_dump(mode="json"))
-                if ctx.verbose and proposal.prompt_messages:
-                    _show(proposal.proposer, proposal.prompt_messages, proposal.raw_response)
-        return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
-
-    async def _ask(self, proposer: Proposer, rollout: Rollout, ctx: StepContext | None) -> list[Proposal] | None:
-        """One proposer's proposals; None when its model failed (recorded, the step goes on)."""
-        try:
-            async with self._loop_gate():
-                return await proposer.propose(self.agent.parameters(), rollout)
-        except BudgetExceeded:
-            raise
-        except LLMError as exc:
-            logger.warning("%s failed on %s: %s", proposer.name, rollout.example_id, exc)
-            if ctx:
-                ctx.record("proposal_error", instance_id=rollout.example_id, proposer=proposer.name, error=str(exc))
-            return None
-
     def _loop_gate(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         if self._gate is None or self._gate[0] is not loop:
             self._gate = (loop, asyncio.Semaphore(self.concurrency))
         return self._gate[1]
-
-    async def _aggregate(self, proposals: list[Proposal], ctx: StepContext) -> list[Candidate]:
-        try:
-            candidates = await self.aggregator.aggregate(self.agent.parameters(), proposals, ctx.stepsize)
-        except BudgetExceeded:
-            raise
-        except LLMError as exc:
-            logger.warning("step %d: aggregator failed, no update: %s", ctx.step, exc)
-            ctx.record("aggregate_error", error=str(exc))
-            return []
-        for candidate in candidates:
-            for group in candidate.groups if candidate.sample_index == 0 else []:
-                ctx.record("candidate", final=False, **group.model_dump(mode="json", exclude={"groups"}))
-            ctx.record("candidate", final=True, **candidate.model_dump(mode="json", exclude={"groups"}))
-            if ctx.verbose:
-                _show("aggregator", candidate.prompt_messages, candidate.raw_response)
-        return candidates
-
-    async def _validate(self, vctx: ValidationContext, candidate: Candidate, ctx: StepContext) -> Decision:
-        decision = await self.validation.decide(vctx, candidate.candidate_id, self.to_param_dict(candidate.update))
-        for rollout in decision.rollouts:
-            ctx.record("rollout", phase="validation", candidate_id=candidate.candidate_id, **rollout.to_record())
-        ctx.record("decision", **decision.model_dump(mode="json"), validation=self.validation.name)
-        return decision
 
 
 def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]:
@@ -322,7 +308,6 @@ def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]
 def _by_score(decision: Decision) -> float:
     """Sort key: the candidate's score, unscored last."""
     return float("-inf") if decision.candidate_score is None else decision.candidate_score
-
 
 
 def _why_none(proposals: Sequence[Proposal], candidates: Sequence[Candidate]) -> str:

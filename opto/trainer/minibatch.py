@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -15,10 +14,12 @@ from .._async import run_sync
 from ..agent import Agent
 from ..data import DataLoader, Example, load_dataset
 from ..guides import Guide
-from ..ledger import Checkpoint, RunDir
+from ..callbacks import Callback, CallbackList, deliver_step
+from ..events import LedgerEvent, StepRecord
+from ..ledger import Checkpoint, RunDir, RunDirWriter
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import UsageStats, meter_usage
-from .evaluation import aevaluate
+from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 
 __all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
@@ -40,14 +41,16 @@ class StepContext(BaseModel):
     stepsize: float
     min_score: float | None
     verbose: bool
-    run: RunDir | None = None
     max_failures: int | float | None = DEFAULT_MAX_FAILURES
     rollout_timeout: float | None = None
     failure_log: FailureLog = Field(default_factory=FailureLog)
+    # What the step has done so far; the loop hands it to the sinks when the step ends.
+    step_record: StepRecord | None = None
 
-    def record(self, kind: str, **fields: Any) -> None:
-        if self.run is not None:
-            self.run.record(kind, self.step, **fields)
+    def emit(self, event: LedgerEvent) -> None:
+        """Add an event to this step's record (nothing is written during a step)."""
+        if self.step_record is not None:
+            self.step_record.add(event)
 
 
 class StepOutcome(BaseModel):
@@ -106,7 +109,7 @@ def _merge_usage(*parts: dict[str, UsageStats]) -> dict[str, UsageStats]:
 
 
 class Minibatch:
-    """The training loop; subclasses define `step(batch, ctx) -> StepOutcome`.
+    """The training loop; subclasses define `step(batch, ctx) -> StepRecord`.
 
     Args:
         agent: the agent whose parameters are trained.
@@ -123,7 +126,8 @@ class Minibatch:
         if not agent.parameters(trainable_only=True):
             raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
 
-    async def step(self, batch: list[Example], ctx: StepContext) -> StepOutcome:
+    async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
+        """One step on `batch`: fill and return `ctx.step_record`."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -161,6 +165,7 @@ class Minibatch:
         progress: bool = True,
         max_failures: int | float | None = DEFAULT_MAX_FAILURES,
         rollout_timeout: float | None = None,
+        callbacks: list[Callback] | None = None,
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
@@ -173,6 +178,9 @@ class Minibatch:
         is a failed rollout. The run stops cleanly (`stopped_reason`) when the failed
         rollouts of one step's batch, or of one evaluation, reach `max_failures`: an int
         counts them, a float is a fraction (the default 1.0: all of them); None never stops.
+
+        `callbacks` (`opto.Callback`) observe the run: every ledger event, every step's
+        `StepRecord`, every evaluation, and the result; one that raises is detached.
         """
         if not hasattr(guide, "aget_feedback"):
             raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
@@ -192,10 +200,13 @@ class Minibatch:
         test = load_dataset(test_dataset) if test_dataset is not None else None
         config = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle,
                   "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs}
+        observers = CallbackList(callbacks or [])
         run = RunDir(run_dir) if run_dir is not None else None
+        writer = RunDirWriter(run) if run is not None else None
         state = self._start_state(run, resume, loader, config)
         self.load_state_dict(state.trainer_state)
         prior_usage = dict(state.usage)
+        observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
 
         bar = tqdm(total=num_epochs * len(loader), initial=state.step, disable=not progress,
                    desc=type(self).__name__, unit="step")
@@ -203,32 +214,40 @@ class Minibatch:
 
         def context(step: int, epoch: int) -> StepContext:
             return StepContext(step=step, epoch=epoch, guide=guide, stepsize=stepsize, min_score=min_score,
-                               verbose=verbose, run=run, max_failures=max_failures,
-                               rollout_timeout=rollout_timeout, failure_log=failure_log)
+                               verbose=verbose, max_failures=max_failures, rollout_timeout=rollout_timeout,
+                               failure_log=failure_log, step_record=StepRecord(step=step, epoch=epoch))
+
+        async def evaluate_now(ctx: StepContext) -> float | None:
+            result = await self._evaluate(test, ctx)  # type: ignore[arg-type]
+            observers.call("on_evaluate_end", ctx.step, result)
+            return result.mean
 
         async def finish_step(ctx: StepContext) -> None:
             """Evaluate if due, then write the step's metrics line: the step is done."""
             if test is not None and eval_frequency and state.step % eval_frequency == 0:
-                state.test_scores.append((state.step, await self._evaluate(test, ctx)))
+                state.test_scores.append((state.step, await evaluate_now(ctx)))
             state.usage = _merge_usage(prior_usage, meter.by_model)
             self._save(run, state, started)
 
         stopped: str | None = None
+        unfinished: StepContext | None = None
         with meter_usage() as meter:
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
-                    state.test_scores.append((0, await self._evaluate(test, context(0, 0))))
+                    state.test_scores.append((0, await evaluate_now(context(0, 0))))
                 if state.pending_metrics is not None:  # resumed inside the evaluation after a step
                     await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
-                    ctx = context(state.step + 1, epoch)
+                    ctx = unfinished = context(state.step + 1, epoch)
                     outcome = await self.step(batch, ctx)
+                    unfinished = None
                     self._account(state, ctx, outcome, loader)
                     # The step's work is kept before its evaluation, so a stop there loses nothing.
                     state.usage = _merge_usage(prior_usage, meter.by_model)
-                    if run is not None:
-                        run.flush()
-                        run.save_checkpoint(state)
+                    if writer is not None:
+                        deliver_step(writer, outcome)
+                        writer.run.save_checkpoint(state)
+                    deliver_step(observers, outcome)
                     await finish_step(ctx)
                     bar.update(1)
                     bar.set_postfix(score=_fmt(outcome.score), accepted=f"{state.accepted}/{state.step}")
@@ -238,7 +257,7 @@ class Minibatch:
                 changed = self.finish()
                 state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
-                    final = await self._evaluate(test, context(state.step, state.epoch))
+                    final = await evaluate_now(context(state.step, state.epoch))
                     if state.test_scores and state.test_scores[-1][0] == state.step:
                         state.test_scores.pop()  # measured before the final values were chosen
                     state.test_scores.append((state.step, final))
@@ -252,9 +271,11 @@ class Minibatch:
             finally:
                 bar.close()
                 state.usage = _merge_usage(prior_usage, meter.by_model)
-                if run is not None:
-                    _save_on_exit(run, state)
-        return self._result(state, stopped, run, started)
+                if writer is not None:
+                    _save_on_exit(writer, state, unfinished.step_record if unfinished else None)
+        result = self._result(state, stopped, run, started)
+        observers.call("on_train_end", result)
+        return result
 
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
         if run is None:
@@ -287,13 +308,12 @@ class Minibatch:
         logger.info("resuming %s after step %d", run.path, saved.step)
         return saved
 
-    async def _evaluate(self, test: list[Example], ctx: StepContext) -> float | None:
-        result = await aevaluate(self.agent, ctx.guide, test, concurrency=self.concurrency, min_score=ctx.min_score,
-                                 max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
-                                 failure_log=ctx.failure_log)
-        return result.mean
+    async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
+        return await aevaluate(self.agent, ctx.guide, test, concurrency=self.concurrency, min_score=ctx.min_score,
+                               max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
+                               failure_log=ctx.failure_log)
 
-    def _account(self, state: Checkpoint, ctx: StepContext, outcome: StepOutcome, loader: DataLoader) -> None:
+    def _account(self, state: Checkpoint, ctx: StepContext, outcome: StepRecord, loader: DataLoader) -> None:
         state.step, state.epoch = ctx.step, ctx.epoch
         state.train_scores.append(outcome.score)
         if outcome.accepted is True:
@@ -315,7 +335,6 @@ class Minibatch:
         if run is None or metrics is None:
             return
         total = sum(state.usage.values(), UsageStats())
-        run.flush()
         run.log_metrics({
             **metrics,
             "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step else None,
@@ -341,14 +360,14 @@ class Minibatch:
         )
 
 
-def _save_on_exit(run: RunDir, state: Checkpoint) -> None:
+def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecord | None) -> None:
     """Keep what the run did, whatever stopped it: a failed ledger write must not also
     cost the checkpoint."""
     try:
-        run.flush()  # whatever the unfinished step recorded is kept for audit
+        writer.keep_unfinished(unfinished)  # resume discards and redoes that step
     except Exception:
-        logger.exception("could not write the last ledger records to %s", run.ledger_path)
-    run.save_checkpoint(state)
+        logger.exception("could not write the last ledger records to %s", writer.run.ledger_path)
+    writer.run.save_checkpoint(state)
 
 
 def _fmt(score: float | None) -> str:

@@ -37,6 +37,7 @@ from ..agent import Agent
 from ..data import Example
 from ..guides import Guide
 from ..optimizers import Proposal
+from ..events import ProposalScoreEvent, RolloutEvent
 from ..rollout import Rollout, mean_score, run_rollouts
 from .minibatch import StepContext
 
@@ -88,7 +89,7 @@ async def score_proposals(
         guide: the step's guide.
         rollouts: the step's rollouts under the current values (they define the batch).
         proposals: the step's proposals.
-        ctx: where to record (`StepContext`); None records nothing.
+        ctx: the step (`StepContext`) whose record gets the events; None records nothing.
         min_score: the score of a failed rollout (as in training).
         concurrency: agent runs at once, about.
         timeout: seconds after which one rollout counts as failed (None: no limit).
@@ -153,9 +154,9 @@ async def score_proposals(
     if ctx is not None:
         for result, scored in results:
             for rollout in scored:
-                ctx.record("rollout", phase="proposal_validation", candidate_id=None,
-                           proposal_id=result.proposal_id, **rollout.to_record())
-            ctx.record("proposal_score", **result.model_dump(mode="json"))
+                ctx.emit(RolloutEvent(step=ctx.step, phase="proposal_validation", proposal_id=result.proposal_id,
+                                      **rollout.to_record()))
+            ctx.emit(ProposalScoreEvent(step=ctx.step, **result.model_dump(mode="json")))
     scores = [result for result, _ in results]
     logger.info("scored %d proposals (%s): %s", len(scores), mode,
                 ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores))

@@ -1,7 +1,8 @@
 """The aggregator: one LLM merges many proposals into candidate updates.
 
-Proposals that touch only `Demos` parameters are merged by rule instead (no model
-call; see `opto.demo_rules`) into candidates of their own, validated like any other.
+Changes to `Demos` parameters are merged by rule instead (no model call; see
+`opto.demo_rules`) into a candidate of their own, validated like any other; a proposal
+that changes demos and other parameters is split, and the LLM merges only the rest.
 
 The current values are suggestion 0 with confidence `1 - stepsize`; each distinct
 proposal has confidence `stepsize`. When the proposals do not fit one prompt
@@ -15,7 +16,7 @@ import json
 from dataclasses import asdict
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,14 @@ class _Suggestion(BaseModel):
     sources: list[str] = Field(default_factory=list)
 
 
+def _part(proposal: Proposal, keep: Callable[[str], bool]) -> Proposal | None:
+    """The proposal restricted to the parameters `keep` accepts (same id); None if that is nothing."""
+    update = {name: value for name, value in proposal.update.items() if keep(name)}
+    if update == proposal.update:
+        return proposal if update else None
+    return proposal.model_copy(update={"update": update}) if update else None
+
+
 def _dedupe(proposals: Sequence[Proposal]) -> list[_Suggestion]:
     """Identical updates are shown once, with how many instances proposed them."""
     merged: dict[str, _Suggestion] = {}
@@ -100,7 +109,8 @@ class Aggregator:
         max_tokens: the reply's token limit.
         max_prompt_tokens: above this (estimated) prompt size, merge in groups.
         fan_in: at most this many suggestions in one prompt.
-        num_candidates: samples of the final merge; each is validated on its own.
+        num_candidates: samples of the final LLM merge; each is validated on its own. The
+            rule merge of demo lists always gives one candidate (it is deterministic).
         temperature: sampling temperature (the backend's default when None).
         structured: ask for a JSON schema built from the parameters (constrained
             decoding where the backend supports it); False asks for plain JSON mode.
@@ -148,14 +158,16 @@ class Aggregator:
     ) -> list[Candidate]:
         """Candidates for this step; [] when no proposal carries an update (no call is made).
 
-        Demo-only proposals give rule-merged candidates (first); the others go to the LLM.
+        Each proposal is split: its changes to trainable `Demos` parameters are merged by
+        rule into one candidate (first, whatever `num_candidates`: a deterministic merge
+        has nothing to sample), the rest go to the LLM, which never sees a demo list.
         """
         if not 0.0 <= stepsize <= 1.0:
             raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
         demo_names = {p.name for p in current if isinstance(p, Demos) and p.trainable}
-        demo_only = [p for p in proposals if p.update and set(p.update) <= demo_names]
-        others = [p for p in proposals if p not in demo_only]
-        rule = self._merge_demos(current, demo_only)
+        demo_parts = [part for p in proposals if (part := _part(p, lambda name: name in demo_names))]
+        others = [part for p in proposals if (part := _part(p, lambda name: name not in demo_names))]
+        rule = self._merge_demos(current, demo_parts)
         if not _dedupe(others):
             return rule
         if self.model is None:
@@ -187,9 +199,8 @@ class Aggregator:
     async def _aggregate_with_llm(
         self, current: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
     ) -> list[Candidate]:
-        # Demo lists stay out of the LLM's hands unless a proposal it merges changes them.
-        touched = {name for p in proposals for name in p.update}
-        trainable = [p for p in current if p.trainable and (not isinstance(p, Demos) or p.name in touched)]
+        # Demo lists are merged by rule: the LLM neither sees nor rewrites them.
+        trainable = [p for p in current if p.trainable and not isinstance(p, Demos)]
         suggestions = _dedupe(proposals)
         groups: list[Candidate] = []
         level = 0

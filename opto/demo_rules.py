@@ -52,10 +52,14 @@ def merge_demo_lists(
 ) -> list[dict[str, Any]]:
     """Merge proposed lists (each the current list with some demos added) into one.
 
-    The demos that proposals add are ranked by how many proposals added them (then by
-    proposal order). The best ranked fill the free places, and on a full list replace
-    at most half of it (`add_demo`'s rule picks which), so a candidate changes the
-    demos step by step instead of swapping the whole set at once.
+    Only additions are merged: a demo that a proposal adds (an input not in `current`)
+    may go in; demos a proposal dropped stay unless `add_demo` replaces them. At most
+    `room` new demos go in: the free places, and on a full list at most half of it, so a
+    candidate changes the demos step by step instead of swapping the whole set at once.
+    They are picked one at a time, each time the one whose output is rarest among the
+    list and the demos already picked (so a batch of "yes" examples cannot fill the list
+    with "yes"), then the one more proposals added, then the first proposed. The result
+    depends only on `current` and the order of `proposed`.
     """
     known = {demo_key(d["input"]) for d in current}
     support: Counter[str] = Counter()
@@ -68,8 +72,16 @@ def merge_demo_lists(
             support[key] += 1
             first_seen.setdefault(key, dict(demo))
     room = max(max_demos - len(current), max(1, max_demos // 2))
-    order = sorted(first_seen, key=lambda key: -support[key])[:room]
+    outputs = Counter(demo_key(d["output"]) for d in current)
+    order = {key: index for index, key in enumerate(first_seen)}
+    remaining = list(first_seen)
+    picked: list[dict[str, Any]] = []
+    while remaining and len(picked) < room:
+        key = min(remaining, key=lambda k: (outputs[demo_key(first_seen[k]["output"])], -support[k], order[k]))
+        remaining.remove(key)
+        picked.append(first_seen[key])
+        outputs[demo_key(first_seen[key]["output"])] += 1
     merged = [dict(d) for d in current]
-    for key in reversed(order):  # the best supported goes in last, so it is the last replaced
-        merged = add_demo(merged, first_seen[key], max_demos) or merged
+    for demo in reversed(picked):  # the first picked goes in last, so it is the last replaced
+        merged = add_demo(merged, demo, max_demos) or merged
     return merged

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from .extraction import construct_update, extract_with_method
 from .llm.base import Model
-from .demo_rules import add_demo
+from .demo_rules import add_demo, demo_key
 from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
 from .rollout import Rollout
@@ -184,7 +184,9 @@ class DemoProposer:
         source: "labels" (the input with its label), "successes" (the input with the
             agent's own output, only when it scored `max_score`), or "both" (the success
             when there is one, else the label).
-        max_demos: None keeps each `Demos` parameter's own `max_demos`; an int lowers it.
+        max_demos: None keeps each `Demos` parameter's own `max_demos`; an int lowers it
+            for the lists this proposer proposes. The aggregator's rule merge knows only
+            `Demos.max_demos`, so to cap the list that training keeps, set that.
         target: the name of the `Demos` parameter to fill (None: every one).
         max_score: the score of a success.
         name: labels its proposals in the ledger.
@@ -236,9 +238,11 @@ class DemoProposer:
         update: dict[str, Any] = {}
         for param in targets:
             limit = min(param.max_demos, self.max_demos or param.max_demos)
-            current = param.value[:limit]
-            demos = add_demo(current, new, limit)
-            if demos is None or demos == param.stored_value:
+            shown = param.value
+            if any(demo_key(d["input"]) == demo_key(new["input"]) for d in shown):
+                continue  # checked on the whole list, also past this proposer's limit
+            demos = add_demo(shown[:limit], new, limit)
+            if demos is None or demos == shown:
                 continue
             try:
                 param.validate(demos)

@@ -306,7 +306,7 @@ class Demos(Parameter):
         messages = [system, *self.demos.as_messages(), {"role": "user", "content": question}]
 
     `DemoProposer` proposes demos from the training data; the aggregator merges demo
-    proposals by rule (`merge_demos`), never through an LLM.
+    proposals by rule (`opto.demo_rules.merge_demo_lists`), never through an LLM.
     """
 
     def __init__(
@@ -322,8 +322,11 @@ class Demos(Parameter):
         if isinstance(max_demos, bool) or not isinstance(max_demos, int) or max_demos < 1:
             raise ParameterError(f"max_demos must be an int >= 1, got {max_demos!r}")
         self.max_demos = max_demos
-        if isinstance(demos, (str, bytes, Mapping)):
-            raise ParameterError("Demos takes a list of {'input': ..., 'output': ...} dicts, not a single value")
+        if isinstance(demos, (str, bytes, Mapping)) or not hasattr(demos, "__iter__"):
+            raise ParameterError(
+                "Demos takes a list of {'input': ..., 'output': ...} dicts (or nothing, for an empty list), "
+                f"got {type(demos).__name__}"
+            )
         super().__init__([dict(d) if isinstance(d, Mapping) else d for d in demos], name=name,
                          description=description, trainable=trainable, constraint=constraint)
 

@@ -243,3 +243,113 @@ def test_proposer_lists_are_checked():
         AggregatedUpdate(Plurals(), [object()])
     with pytest.raises(ValueError, match="distinct names"):
         AggregatedUpdate(Plurals(), [DemoProposer(), DemoProposer()])
+
+
+# ------------------------------------------------------------ additions: edges and paths
+
+
+@pytest.mark.parametrize("bad", [None, 5, "cat -> cats"])
+def test_demos_refuse_a_value_that_is_not_a_list_of_demos(bad):
+    with pytest.raises(ParameterError, match="Demos takes a list"):
+        Demos(bad)
+
+
+def test_demos_survive_apply_save_and_load(tmp_path):
+    agent = Plurals(with_prompt=True)
+    agent.apply({"demos": [d("box", "boxes"), {"input": {"word": "cat", "n": 2}, "output": ["cats"]}]})
+    agent.save(tmp_path / "agent.json")
+    restored = Plurals(with_prompt=True)
+    restored.load(tmp_path / "agent.json")
+    assert restored.demos.stored_value == agent.demos.stored_value
+    assert restored.forward("fox") == "foxes"  # the restored demo is used
+    # a checkpoint with more demos than max_demos is refused and changes nothing
+    (tmp_path / "bad.json").write_text(json.dumps({"demos": [d("a"), d("b"), d("c")], "prompt": "new"}))
+    with pytest.raises(ParameterError, match="more than max_demos=2"):
+        restored.load(tmp_path / "bad.json")
+    assert restored.prompt.value == "Give the plural." and len(restored.demos.value) == 2
+
+
+def test_as_messages_formats_inputs_and_reads_the_agent_assignment():
+    agent = Plurals()
+    with agent.assign({"demos": [{"input": {"q": "2+2"}, "output": 4}]}):
+        assert agent.demos.as_messages(format_input=lambda x: x["q"]) == [
+            {"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]
+    assert agent.demos.as_messages() == []
+
+
+async def test_demo_proposer_on_a_full_list_keeps_the_outputs_balanced():
+    agent = Plurals()
+    agent.demos.max_demos = 3
+    agent.demos.value = [d("a", "yes"), d("b", "yes"), d("c", "no")]
+
+    def yes_no(word, plural):
+        return Rollout(example_id=word, x=word, info=[plural], output="?", score=0.0)
+
+    [rarer] = await DemoProposer().propose(agent.parameters(), yes_no("e", "no"))
+    assert rarer.update["demos"] == [d("b", "yes"), d("c", "no"), d("e", "no")]  # oldest "yes" goes
+    [same] = await DemoProposer().propose(agent.parameters(), yes_no("f", "yes"))
+    assert same.update["demos"] == [d("b", "yes"), d("c", "no"), d("f", "yes")]  # its own oldest output goes
+    assert await DemoProposer().propose(agent.parameters(), yes_no("c", "yes")) == []  # input shown
+
+
+def test_merge_fills_free_places_with_balanced_outputs():
+    batch = [[d(f"y{i}", "yes")] for i in range(5)] + [[d("n0", "no")]]
+    merged = merge_demo_lists([], batch, 4)
+    assert [demo["output"] for demo in merged].count("no") == 1 and len(merged) == 4
+    assert merged == [d("y2", "yes"), d("y1", "yes"), d("n0", "no"), d("y0", "yes")]
+    # the current list counts too: with two "yes" shown, a "no" goes in first
+    assert merge_demo_lists([d("a", "yes"), d("b", "yes")], [[d("y9", "yes")], [d("n1", "no")]], 3) == [
+        d("a", "yes"), d("b", "yes"), d("n1", "no")]
+
+
+async def test_the_rule_merge_makes_no_model_call_even_with_a_model():
+    agent = Plurals()
+    model = ScriptedModel([])  # no replies: any call would fail
+    proposals = [Proposal(proposer="demos", update={"demos": [d("box", "boxes")]}),
+                 Proposal(proposer="demos", update={}, terminate=True)]
+    [candidate] = await Aggregator(model, num_candidates=3).aggregate(agent.parameters(), proposals, 0.5)
+    assert candidate.update == {"demos": [d("box", "boxes")]} and model.requests == []
+    assert candidate.source_proposals == [proposals[0].proposal_id]
+
+
+async def test_a_proposal_changing_demos_and_a_prompt_is_split():
+    agent = Plurals(with_prompt=True)
+    llm = ScriptedModel([json.dumps({"reasoning_prompt": "r", "suggestion": {
+        "prompt": "Plural!", "demos": [d("zzz", "invented")]}})])
+    mixed = Proposal(proposer="custom", update={"prompt": "Plural!", "demos": [d("quiz", "quizzes")]})
+    rule, merged = await Aggregator(llm).aggregate(agent.parameters(), [mixed], 0.5)
+    assert rule.update == {"demos": [d("quiz", "quizzes")]} and rule.source_proposals == [mixed.proposal_id]
+    assert merged.update == {"prompt": "Plural!"}  # the LLM's demo list is not read
+    assert merged.source_proposals == [mixed.proposal_id]
+    request = llm.requests[0]
+    assert "quiz" not in json.dumps(request["messages"])
+    assert list(request["response_format"]["json_schema"]["schema"]["properties"]["suggestion"]["properties"]) == [
+        "prompt"]
+
+
+def test_demo_only_training_needs_no_model_and_exports_no_rule_turns(tmp_path):
+    from opto.preference import PreferencePairBuilder, read_turns
+
+    agent = Plurals()
+    trainer = AggregatedUpdate(agent, DemoProposer(), validation=plural_data(WORDS[4:]), score_proposals="instance")
+    result = trainer.train(ExactMatchGuide(), plural_data(WORDS[:4]), batch_size=2, run_dir=tmp_path,
+                           progress=False, shuffle=False)
+    assert result.accepted >= 1
+    ledger = RunDir(tmp_path).ledger()
+    assert any(r["type"] == "proposal_score" for r in ledger)
+    assert {r["extraction_method"] for r in ledger if r["type"] == "candidate"} == {"rule"}
+    # rule-made proposals and candidates have no prompt: they are no preference data
+    reading = read_turns(tmp_path, "all")
+    assert not [t for t in reading.turns if t.source != "agent"]
+    assert reading.unscored["optimizer: made by rule, not by a model"] == 4
+    supervised = PreferencePairBuilder(require_multiple_candidates=False).best_responses(reading.turns)
+    assert all(example.prompt for example in supervised)
+
+
+async def test_a_lower_proposer_limit_never_proposes_an_input_already_shown():
+    agent = Plurals()
+    agent.demos.max_demos = 3
+    agent.demos.value = [d("a"), d("b"), d("box", "boxes")]
+    assert await DemoProposer(max_demos=2).propose(agent.parameters(), rollout("box", "boxes")) == []
+    [proposal] = await DemoProposer(max_demos=2).propose(agent.parameters(), rollout("cat", "cats"))
+    assert proposal.update == {"demos": [d("b"), d("cat", "cats")]}

@@ -219,6 +219,9 @@ def _scored_turns(
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         prompt = _messages(record.get("prompt_messages"))
+        if not prompt:  # made by rule (DemoProposer, the demo merge): no model reply to learn from
+            reading.note(f"{source}: made by rule, not by a model")
+            continue
         groups[_key(record.get("step", 0), example_of(record), prompt)].append(record)
     turns = []
     for members in groups.values():

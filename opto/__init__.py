@@ -9,6 +9,7 @@ from .agent import Agent, agent
 from .callbacks import Callback
 from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
 from .data import DataLoader, DatasetError, Example, load_dataset
+from .errors import OptoError
 from .events import LEDGER_VERSION, LedgerEvent, StepRecord
 from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 from .ledger import RunDir
@@ -58,6 +59,7 @@ __all__ = [
     "Minibatch",
     "Model",
     "OpenAIModel",
+    "OptoError",
     "Optimizer",
     "Parameter",
     "ParameterError",

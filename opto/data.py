@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+from .errors import OptoError
 
 __all__ = ["DataLoader", "DatasetError", "Example", "load_dataset"]
 
@@ -24,7 +25,7 @@ _ROW_KEYS = {"x", "info", "id"}
 _TRACE_KEYS = {"inputs", "infos"}
 
 
-class DatasetError(ValueError):
+class DatasetError(OptoError, ValueError):
     """A dataset (or one of its rows) cannot be read as examples."""
 
 

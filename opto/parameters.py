@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from .errors import OptoError
 
 __all__ = ["Constraint", "Demos", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
 
@@ -30,7 +31,7 @@ _OVERRIDES: contextvars.ContextVar[Mapping[Any, Any] | None] = contextvars.Conte
 _READS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("opto_parameter_reads", default=None)
 
 
-class ParameterError(ValueError):
+class ParameterError(OptoError, ValueError):
     """A value does not fit a parameter's type or constraint."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from ..errors import OptoError
 
 __all__ = [
     "JOB_STATES",
@@ -39,7 +40,7 @@ JOB_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed", "can
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 
-class FineTuneError(RuntimeError):
+class FineTuneError(OptoError, RuntimeError):
     """A fine-tuning backend failed (upload, job creation, status, ...)."""
 
 

@@ -1,6 +1,7 @@
 """One error hierarchy for every model backend."""
 
 from __future__ import annotations
+from ..errors import OptoError
 
 __all__ = [
     "BudgetExceeded",
@@ -10,7 +11,7 @@ __all__ = [
 ]
 
 
-class LLMError(Exception):
+class LLMError(OptoError):
     """Base class of every error raised by the model layer."""
 
 

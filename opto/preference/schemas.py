@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ..errors import OptoError
 
 __all__ = [
     "FORMATS",
@@ -37,7 +38,7 @@ __all__ = [
     "validate_record",
 ]
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(OptoError, ValueError):
     """A record or a file does not follow its format's schema."""
 
 

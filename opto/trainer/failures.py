@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 from ..rollout import Rollout
+from ..errors import OptoError
 
 __all__ = ["FailureLog", "TooManyFailures", "check_failures", "validate_max_failures"]
 
@@ -16,7 +17,7 @@ logger = logging.getLogger("opto.trainer")
 DEFAULT_MAX_FAILURES = 1.0
 
 
-class TooManyFailures(RuntimeError):
+class TooManyFailures(OptoError, RuntimeError):
     """Too many rollouts of one step or evaluation failed (see `max_failures`).
 
     A training run stops cleanly on it (`TrainResult.stopped_reason` holds the message);

@@ -13,7 +13,6 @@ results merged again, so the prompt stays bounded at any batch size.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -23,11 +22,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ._async import gather_all
-from .extraction import construct_update, construct_update_dict, extract_llm_suggestion, extract_with_method
+from .extraction import construct_update_dict, extract_llm_suggestion
 from .llm.base import Model
 from .llm.usage import estimate_tokens
 from .demo_rules import merge_demo_lists
-from .optimizers import JSON_MODE, Proposal, reasoning_of
+from .optimizers import JSON_MODE, Proposal
+from .suggested import SuggestedUpdate
 from .parameters import Demos, Parameter
 from .prompting import PromptTemplate
 from .schema import reply_format
@@ -42,25 +42,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class Candidate(BaseModel):
+class Candidate(SuggestedUpdate):
     """One merged update proposed by the aggregator.
 
-    `terminate` is True when the model asked for no change. `error` says why a reply
-    gave nothing usable (unreadable even after the repair request, or truncated).
-    `groups` holds the intermediate merges that led to it, when proposals were merged
-    in groups.
+    `error` says why a reply gave nothing usable (unreadable even after the repair
+    request, or truncated). `groups` holds the intermediate merges that led to it, when
+    proposals were merged in groups.
     """
 
     candidate_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
-    sample_index: int = 0
     level: int = 0
-    update: dict[str, Any] = Field(default_factory=dict)
-    reasoning: str = ""
-    raw_response: str = ""
-    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
-    extraction_method: str | None = None
-    skipped: list[dict[str, Any]] = Field(default_factory=list)
-    terminate: bool = False
     repaired: bool = False
     error: str | None = None
     source_proposals: list[str] = Field(default_factory=list)
@@ -286,38 +277,28 @@ class Aggregator:
     async def _read(
         self, params: Sequence[Parameter], messages: list, text: str, truncated: bool
     ) -> Candidate:
-        """Extract a candidate; an unreadable or truncated reply gets one repair request."""
-        extraction = extract_with_method(text)
-        repaired = False
-        if truncated or extraction.failed:
+        """Read a candidate; an unreadable or truncated reply gets one repair request."""
+        candidate = Candidate.read(params, text, messages)
+        if truncated or candidate.unreadable:
             repair = [
                 *messages,
                 {"role": "assistant", "content": text},
                 {"role": "user", "content": self.repair_template.render_user(truncated=truncated)},
             ]
             logger.warning("aggregator reply %s; asking once more", "was truncated" if truncated else "was unreadable")
-            retry = await self.model.complete(
+            retry = await self.model.complete(  # type: ignore[union-attr]
                 repair, response_format=self._format(params), temperature=self.temperature,
                 max_tokens=self.max_tokens,
             )
-            text, truncated, repaired = retry.text, retry.truncated, True
-            messages = repair  # the context that produced the text we keep
-            extraction = extract_with_method(text)
+            truncated = retry.truncated
+            candidate = Candidate.read(params, retry.text, repair, repaired=True)  # the context of the kept text
         if truncated:
             # A value cut mid-way must never be applied as if it were whole.
-            return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
+            return Candidate(raw_response=candidate.raw_response, prompt_messages=candidate.prompt_messages,
+                             repaired=candidate.repaired,
                              error="reply truncated at max_tokens, even after a repair request")
-        if extraction.failed:
-            return Candidate(raw_response=text, prompt_messages=messages, repaired=repaired,
+        if candidate.unreadable:
+            return Candidate(raw_response=candidate.raw_response, prompt_messages=candidate.prompt_messages,
+                             repaired=candidate.repaired,
                              error="no suggestion could be extracted, even after a repair request")
-        result = construct_update(params, extraction.suggestion)
-        return Candidate(
-            update=result.update,
-            reasoning=reasoning_of(text),
-            raw_response=text,
-            prompt_messages=messages,
-            extraction_method=extraction.method,
-            skipped=[asdict(s) for s in (*extraction.skipped, *result.skipped)],
-            terminate=extraction.terminate,
-            repaired=repaired,
-        )
+        return candidate

@@ -6,24 +6,21 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 import logging
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from .extraction import construct_update, extract_with_method
 from .llm.base import Model
 from .demo_rules import add_demo, demo_key
 from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
 from .rollout import Rollout
 from .schema import reply_format
+from .suggested import SuggestedUpdate, reasoning_of
 
 __all__ = ["DemoProposer", "Optimizer", "Proposal", "Proposer", "reasoning_of"]
 
@@ -32,30 +29,13 @@ logger = logging.getLogger(__name__)
 JSON_MODE = {"type": "json_object"}
 
 
-class Proposal(BaseModel):
-    """One suggested update, with everything needed to audit it or learn from it.
-
-    `update` holds only values that parse, fit their parameter and differ from the
-    current value; what was dropped, and why, is in `skipped`.
-    """
+class Proposal(SuggestedUpdate):
+    """One proposer's suggested update for one instance (`proposer` names who made it)."""
 
     proposal_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     proposer: str = "optimizer"
     instance_id: str = ""
-    sample_index: int = 0
-    update: dict[str, Any] = Field(default_factory=dict)
-    reasoning: str = ""
-    raw_response: str = ""
-    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
-    extraction_method: str | None = None
-    terminate: bool = False
-    skipped: list[dict[str, Any]] = Field(default_factory=list)
     truncated: bool = False
-
-    @property
-    def unreadable(self) -> bool:
-        """Nothing could be read from the reply (not even a "no change")."""
-        return self.extraction_method is None and not self.terminate
 
 
 @runtime_checkable
@@ -135,26 +115,11 @@ class Optimizer:
             max_tokens=self.max_tokens,
             n=self.num_proposals,
         )
-        proposals = []
-        for index, text in enumerate(completion.texts):
-            extraction = extract_with_method(text)
-            result = construct_update(editable, extraction.suggestion)
-            proposals.append(
-                Proposal(
-                    proposer=self.name,
-                    instance_id=instance.example_id,
-                    sample_index=index,
-                    update=result.update,
-                    reasoning=reasoning_of(text),
-                    raw_response=text,
-                    prompt_messages=messages,
-                    extraction_method=extraction.method,
-                    terminate=extraction.terminate,
-                    skipped=[asdict(s) for s in (*extraction.skipped, *result.skipped)],
-                    truncated=completion.truncated,
-                )
-            )
-        return proposals
+        return [
+            Proposal.read(editable, text, messages, proposer=self.name, instance_id=instance.example_id,
+                          sample_index=index, truncated=completion.truncated)
+            for index, text in enumerate(completion.texts)
+        ]
 
 
 def _editable(param: Parameter) -> bool:
@@ -255,18 +220,3 @@ class DemoProposer:
         return [Proposal(proposer=self.name, instance_id=rollout.example_id, update=update,
                          reasoning=f"add example {rollout.example_id!r} as a demo, with {why}",
                          extraction_method="rule")]
-
-
-_REASONING = re.compile(r'"(reasoning(?:_[\w.\-]+)?)"\s*:\s*("(?:[^"\\]|\\.)*")', re.DOTALL)
-
-
-def reasoning_of(text: str) -> str:
-    """The reasoning fields of a reply ("reasoning", "reasoning_<name>"), joined; '' if none."""
-    parts = []
-    for key, quoted in _REASONING.findall(text):
-        try:
-            value = json.loads(quoted)
-        except json.JSONDecodeError:
-            value = quoted.strip('"')
-        parts.append(value if key == "reasoning" else f"{key[len('reasoning_'):]}: {value}")
-    return "\n".join(parts)

@@ -15,6 +15,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from .aggregation import Candidate
+from .optimizers import Proposal
+from .rollout import RolloutFields
+
 __all__ = [
     "AggregateErrorEvent",
     "AppliedEvent",
@@ -26,6 +30,7 @@ __all__ = [
     "PoolEvent",
     "ProposalErrorEvent",
     "ProposalEvent",
+    "ProposalScore",
     "ProposalScoreEvent",
     "RolloutEvent",
     "StepRecord",
@@ -51,7 +56,7 @@ class _Event(BaseModel):
         return data
 
 
-class RolloutEvent(_Event):
+class RolloutEvent(_Event, RolloutFields):
     """One run of agent and guide: `phase` "train" (current values), "validation" (a
     candidate's, `candidate_id`) or "proposal_validation" (a proposal's, `proposal_id`)."""
 
@@ -60,31 +65,13 @@ class RolloutEvent(_Event):
     candidate_id: str | None = None
     proposal_id: str | None = None
     instance_id: str
-    x: Any = None
-    info: Any = None
-    output: Any = None
-    score: float | None = None
-    feedback: str = ""
-    trace: list[dict[str, Any]] = Field(default_factory=list)
-    error: str | None = None
 
 
-class ProposalEvent(_Event):
+class ProposalEvent(_Event, Proposal):
     """One proposal (see `opto.optimizers.Proposal`)."""
 
     type: Literal["proposal"] = "proposal"
     proposal_id: str
-    proposer: str = "optimizer"
-    instance_id: str = ""
-    sample_index: int = 0
-    update: dict[str, Any] = Field(default_factory=dict)
-    reasoning: str = ""
-    raw_response: str = ""
-    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
-    extraction_method: str | None = None
-    terminate: bool = False
-    skipped: list[dict[str, Any]] = Field(default_factory=list)
-    truncated: bool = False
 
 
 class ProposalErrorEvent(_Event):
@@ -96,10 +83,9 @@ class ProposalErrorEvent(_Event):
     error: str
 
 
-class ProposalScoreEvent(_Event):
-    """A proposal's update scored on its own (`score_proposals`)."""
+class ProposalScore(BaseModel):
+    """The score of one proposal's update applied on its own (None: not scored, see `note`)."""
 
-    type: Literal["proposal_score"] = "proposal_score"
     proposal_id: str
     instance_id: str
     score: float | None = None
@@ -108,25 +94,20 @@ class ProposalScoreEvent(_Event):
     note: str = ""
 
 
-class CandidateEvent(_Event):
+class ProposalScoreEvent(_Event, ProposalScore):
+    """A proposal's update scored on its own (`score_proposals`)."""
+
+    type: Literal["proposal_score"] = "proposal_score"
+
+
+class CandidateEvent(_Event, Candidate):
     """One aggregator result (see `opto.aggregation.Candidate`); `final` False for an
-    intermediate group merge."""
+    intermediate group merge (group merges are events of their own, not nested)."""
 
     type: Literal["candidate"] = "candidate"
     final: bool = True
     candidate_id: str
-    sample_index: int = 0
-    level: int = 0
-    update: dict[str, Any] = Field(default_factory=dict)
-    reasoning: str = ""
-    raw_response: str = ""
-    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
-    extraction_method: str | None = None
-    skipped: list[dict[str, Any]] = Field(default_factory=list)
-    terminate: bool = False
-    repaired: bool = False
-    error: str | None = None
-    source_proposals: list[str] = Field(default_factory=list)
+    groups: list[Candidate] = Field(default_factory=list, exclude=True)
 
 
 class AggregateErrorEvent(_Event):

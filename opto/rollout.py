@@ -18,12 +18,24 @@ from .llm.errors import BudgetExceeded
 from .llm.tracing import record_llm_calls
 from .parameters import Parameter, assign, track_reads
 
-__all__ = ["Rollout", "mean_score", "run_rollout", "run_rollouts"]
+__all__ = ["Rollout", "RolloutFields", "mean_score", "run_rollout", "run_rollouts"]
 
 logger = logging.getLogger(__name__)
 
 
-class Rollout(BaseModel):
+class RolloutFields(BaseModel):
+    """What one run of agent and guide produced (shared by `Rollout` and its ledger event)."""
+
+    x: Any = None
+    info: Any = None
+    output: Any = None
+    score: float | None = None
+    feedback: str = ""
+    trace: list[dict[str, Any]] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Rollout(RolloutFields):
     """One run of the agent and the guide on one example.
 
     `error` is set when the agent or the guide raised; the score is then the trainer's
@@ -33,13 +45,6 @@ class Rollout(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     example_id: str
-    x: Any
-    info: Any = None
-    output: Any = None
-    score: float | None = None
-    feedback: str = ""
-    trace: list[dict[str, Any]] = Field(default_factory=list)
-    error: str | None = None
     # Names of the parameters the agent read during this run (not written to the ledger).
     parameters_read: list[str] = Field(default_factory=list, exclude=True, repr=False)
 

@@ -30,14 +30,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from pydantic import BaseModel
 
 from .._async import gather_all
 from ..agent import Agent
 from ..data import Example
 from ..guides import Guide
 from ..optimizers import Proposal
-from ..events import ProposalScoreEvent, RolloutEvent
+from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
 from ..rollout import Rollout, mean_score, run_rollouts
 from .minibatch import StepContext
 
@@ -46,17 +45,6 @@ __all__ = ["PROPOSAL_SCORING_MODES", "ProposalScore", "check_score_proposals", "
 logger = logging.getLogger(__name__)
 
 PROPOSAL_SCORING_MODES: tuple[str, ...] = ("instance", "minibatch")
-
-
-class ProposalScore(BaseModel):
-    """The score of one proposal's update applied on its own (None: not scored, see `note`)."""
-
-    proposal_id: str
-    instance_id: str
-    score: float | None = None
-    mode: str
-    num_rollouts: int = 0
-    note: str = ""
 
 
 def check_score_proposals(mode: str | None) -> str | None:

@@ -17,6 +17,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_jsonl",
     "atomic_write_text",
+    "json_key",
     "read_jsonl",
     "repair_jsonl",
     "to_json_line",
@@ -55,6 +56,11 @@ def to_json_line(value: Any, *, indent: int | None = None) -> str:
     except UnicodeEncodeError:
         text = json.dumps(value, indent=indent, ensure_ascii=True, default=str)
     return redact(text)  # the last line of defence: no API key opto knows is ever written
+
+
+def json_key(value: Any) -> str:
+    """A stable identity for a JSON-like value (keys sorted): for de-duplication and caches."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def atomic_write_json(path: str | Path, value: Any) -> None:

@@ -12,7 +12,6 @@ results merged again, so the prompt stays bounded at any batch size.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ._io import json_key
 from ._async import gather_all
 from .extraction import construct_update_dict, extract_llm_suggestion
 from .llm.base import Model
@@ -79,7 +79,7 @@ def _dedupe(proposals: Sequence[Proposal]) -> list[_Suggestion]:
     for proposal in proposals:
         if not proposal.update:
             continue
-        key = json.dumps(proposal.update, sort_keys=True, default=str)
+        key = json_key(proposal.update)
         if key in merged:
             merged[key].support += 1
             merged[key].sources.append(proposal.proposal_id)

@@ -13,17 +13,18 @@ already in the list is not added again.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from ._io import json_key
 
 __all__ = ["add_demo", "demo_key", "merge_demo_lists"]
 
 
 def demo_key(value: Any) -> str:
     """A stable identity for an input or output value (JSON text, keys sorted)."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return json_key(value)
 
 
 def add_demo(demos: Sequence[dict[str, Any]], new: dict[str, Any], max_demos: int) -> list[dict[str, Any]] | None:

@@ -14,7 +14,7 @@ from ._async import gather_all
 from .agent import Agent
 from .data import Example
 from .guides import Guide
-from .llm.errors import BudgetExceeded
+from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .parameters import Parameter, assign, track_reads
 
@@ -103,15 +103,15 @@ async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_sc
         raise
     except Exception as exc:  # the agent's failure is data for the trainer
         logger.debug("agent failed on %s: %r", example.id, exc)
-        return {"score": min_score, "feedback": f"The agent raised {_describe(exc)}", "error": f"agent: {_describe(exc)}"}
+        return {"score": min_score, "feedback": f"The agent raised {describe_error(exc)}", "error": f"agent: {describe_error(exc)}"}
     try:
         feedback = await guide.aget_feedback(example.x, output, example.info)
     except BudgetExceeded:
         raise
     except Exception as exc:
         logger.debug("guide failed on %s: %r", example.id, exc)
-        return {"output": output, "score": min_score, "feedback": f"The guide raised {_describe(exc)}",
-                "error": f"guide: {_describe(exc)}"}
+        return {"output": output, "score": min_score, "feedback": f"The guide raised {describe_error(exc)}",
+                "error": f"guide: {describe_error(exc)}"}
     return {"output": output, "score": feedback.score, "feedback": feedback.feedback}
 
 
@@ -135,7 +135,3 @@ async def run_rollouts(
             return await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
 
     return await gather_all(one(e) for e in examples)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

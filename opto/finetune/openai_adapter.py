@@ -29,6 +29,7 @@ import openai
 from pydantic import BaseModel, Field
 
 from ..llm.openai_model import OpenAIModel, resolve_credentials
+from ..llm.errors import describe_error
 from ..llm.redaction import redact
 from ..preference.schemas import validate_jsonl
 from .base import (
@@ -205,7 +206,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
             await self._ensure_client().fine_tuning.jobs.list(limit=1)
             return True
         except openai.APIError as exc:
-            logger.warning("%s is not usable for fine-tuning: %s", self.endpoint, _describe(exc))
+            logger.warning("%s is not usable for fine-tuning: %s", self.endpoint, describe_error(exc, _message(exc)))
             return False
 
     # -- submit ----------------------------------------------------------------------
@@ -259,7 +260,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         try:
             uploaded = await client.files.create(file=(path.name, path.read_bytes()), purpose="fine-tune")
         except openai.APIStatusError as exc:
-            raise FineTuneError(f"{self.endpoint} refused the upload of {path}: {_describe(exc)}") from None
+            raise FineTuneError(f"{self.endpoint} refused the upload of {path}: {describe_error(exc, _message(exc))}") from None
         except openai.APIConnectionError as exc:
             raise FineTuneError(f"cannot reach {self.endpoint} to upload {path}: {redact(str(exc))}") from None
         deadline = time.monotonic() + self.file_timeout
@@ -297,7 +298,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
             raise FineTuneError(f"{self.endpoint} has no fine-tuning job {job_id!r}") from None
         except openai.APIError as exc:
             raise FineTuneError(f"cannot get the status of job {job_id} from {self.endpoint}: "
-                                f"{_describe(exc)}") from None
+                                f"{describe_error(exc, _message(exc))}") from None
         events = await self._events(client, job_id)
         result = self._to_status(job, events)
         self.last_status[job_id] = result
@@ -310,7 +311,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         try:
             await client.fine_tuning.jobs.cancel(job_id)
         except openai.APIError as exc:
-            raise FineTuneError(f"cannot cancel job {job_id} on {self.endpoint}: {_describe(exc)}") from None
+            raise FineTuneError(f"cannot cancel job {job_id} on {self.endpoint}: {describe_error(exc, _message(exc))}") from None
         return await self.status(job_id)
 
     async def _events(self, client: openai.AsyncOpenAI, job_id: str) -> list[Any]:
@@ -318,7 +319,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         try:
             page = await client.fine_tuning.jobs.list_events(job_id, limit=20)
         except openai.APIError as exc:
-            logger.debug("no events for %s: %s", job_id, _describe(exc))
+            logger.debug("no events for %s: %s", job_id, describe_error(exc, _message(exc)))
             return []
         return list(page.data)
 
@@ -375,11 +376,6 @@ def _message(exc: openai.APIError) -> str:
         if isinstance(inner, dict) and inner.get("message"):
             return redact(str(inner["message"]))
     return redact(str(getattr(exc, "message", None) or exc))
-
-
-def _describe(exc: openai.APIError) -> str:
-    status = getattr(exc, "status_code", None)
-    return f"{type(exc).__name__}{f' {status}' if status else ''}: {_message(exc)}"
 
 
 def _job_error(job: Any, events: Sequence[Any]) -> str:

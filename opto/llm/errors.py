@@ -4,11 +4,24 @@ from __future__ import annotations
 from ..errors import OptoError
 
 __all__ = [
+    "describe_error",
     "BudgetExceeded",
     "LLMError",
     "LLMRequestError",
     "LLMUnavailableError",
 ]
+
+
+def describe_error(error: BaseException | None, text: str | None = None, limit: int = 500) -> str:
+    """"Type status: message" for an error (the status when it has one), with any API key
+    it holds redacted: the one way errors are described in logs, ledgers and messages."""
+    from .redaction import redact
+
+    if error is None:
+        return "unknown error"
+    status = getattr(error, "status_code", None)
+    message = redact(text if text is not None else (getattr(error, "message", None) or str(error)))
+    return f"{type(error).__name__}{f' {status}' if status else ''}: {message[:limit]}"
 
 
 class LLMError(OptoError):

@@ -14,7 +14,7 @@ import openai
 
 from ._loop import BackgroundLoop
 from .base import Model
-from .errors import LLMRequestError, LLMUnavailableError
+from .errors import LLMRequestError, LLMUnavailableError, describe_error
 from .ratelimit import RateLimiter
 from .redaction import redact, remember_secret
 from .retry import backoff_delay, retry_after_delay, retry_after_seconds
@@ -201,7 +201,7 @@ class OpenAIModel(Model):
                 if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
                     # Rate limited: wait as asked (with jitter), without using up a retry.
                     delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
-                    logger.warning("%s: %s; rate limited, retrying in %.2fs", self.name, _describe(exc), delay)
+                    logger.warning("%s: %s; rate limited, retrying in %.2fs", self.name, describe_error(exc), delay)
                     await asyncio.sleep(delay)
                     continue
                 delay = retry_after_seconds(exc.response.headers)
@@ -212,12 +212,12 @@ class OpenAIModel(Model):
                 break
             delay = backoff_delay(attempt - 1) if delay is None else retry_after_delay(delay, attempt - 1)
             logger.warning(
-                "%s: %s; retry %d/%d in %.2fs", self.name, _describe(last_error), attempt, self.max_retries, delay
+                "%s: %s; retry %d/%d in %.2fs", self.name, describe_error(last_error), attempt, self.max_retries, delay
             )
             await asyncio.sleep(delay)
         self._limits.record_actual(handle, 0)
         raise LLMUnavailableError(
-            f"{self.name}: gave up after {attempt} attempts: {_describe(last_error)}",
+            f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}",
             attempts=attempt,
         ) from _keyless(last_error)
 
@@ -270,14 +270,6 @@ def _about_response_format(exc: openai.APIStatusError) -> bool:
     """Whether an error is about the response format (not, say, a prompt over the context length)."""
     text = f"{exc.param or ''} {exc.message}".lower()
     return any(word in text for word in _FORMAT_WORDS)
-
-
-def _describe(error: BaseException | None) -> str:
-    if error is None:
-        return "unknown error"
-    status = getattr(error, "status_code", None)
-    text = redact(getattr(error, "message", None) or str(error))
-    return f"{type(error).__name__}{f' {status}' if status else ''}: {text[:200]}"
 
 
 def _keyless(error: BaseException | None) -> BaseException | None:

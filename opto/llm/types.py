@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Completion", "Message", "TokenUsage", "validate_messages"]
+__all__ = ["Completion", "Message", "TokenUsage", "content_text", "valid_unicode", "validate_messages"]
 
 Message = dict[str, Any]
 """A chat message: {"role": "system" | "user" | "assistant", "content": str}."""
@@ -65,6 +65,15 @@ def validate_messages(messages: Any) -> list[Message]:
             copy["content"] = valid_unicode(copy["content"])
         checked.append(copy)
     return checked
+
+
+def content_text(content: Any) -> str:
+    """The text of a message `content`: a string, or a list of typed parts whose texts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
 
 
 def valid_unicode(text: str) -> str:

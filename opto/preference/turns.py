@@ -41,7 +41,6 @@ input**: the call's messages without its system messages.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +49,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .._io import json_key
 from ..ledger import RunDir
+from ..llm.types import content_text
 
 __all__ = ["SOURCES", "Source", "Turn", "TurnCandidate", "TurnReading", "read_turns"]
 
@@ -127,24 +128,15 @@ def _sources(source: str) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _text(content: Any) -> str:
-    """A message content as text (a list of typed parts is joined)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
-
-
 def _messages(raw: Any) -> list[dict[str, Any]]:
     """{role, content: str} messages; anything else in a message is dropped."""
     if not isinstance(raw, list):
         return []
-    return [{"role": str(m.get("role")), "content": _text(m.get("content"))} for m in raw if isinstance(m, dict)]
+    return [{"role": str(m.get("role")), "content": content_text(m.get("content"))} for m in raw if isinstance(m, dict)]
 
 
 def _key(*parts: Any) -> str:
-    return json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    return json_key(parts)
 
 
 def _turn_id(source: str, step: int, prompt: list[dict[str, Any]], example_id: str) -> str:
@@ -262,7 +254,7 @@ def _agent_turns(records: list[dict[str, Any]], reading: TurnReading) -> list[Tu
             key = _key(step, example_id, visible)
             meta.setdefault(key, (step, example_id, visible))
             groups[key].append((system, messages, TurnCandidate(
-                response=_text(call.get("response")), score=score, ref=f"{ref}#call{position}")))
+                response=content_text(call.get("response")), score=score, ref=f"{ref}#call{position}")))
     turns = []
     for key, members in groups.items():
         step, example_id, visible = meta[key]

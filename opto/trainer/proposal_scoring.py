@@ -25,7 +25,6 @@ batch example ("minibatch"); it only pays off with ``num_proposals > 1``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -36,6 +35,7 @@ from ..agent import Agent
 from ..data import Example
 from ..guides import Guide
 from ..optimizers import Proposal
+from .._io import json_key
 from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
 from ..rollout import Rollout, mean_score, run_rollouts
 from .minibatch import StepContext
@@ -120,7 +120,7 @@ async def score_proposals(
             current = mean_score([r for r in rollouts if r.example_id in ids])
             return ProposalScore(**base, score=current,
                                  note="no change proposed: the current values' score is its score"), []
-        key = json.dumps([[e.id for e in examples], proposal.update], sort_keys=True, default=str)
+        key = json_key([[e.id for e in examples], proposal.update])
         if key not in shared:
             shared[key] = asyncio.ensure_future(run(examples, proposal.update))
             fresh = True

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._io import json_key
 from ..agent import Agent
 from ..data import Example, load_dataset
 from ..guides import Guide
@@ -115,7 +115,7 @@ class DatasetValidation(Validation):
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         params = ctx.agent.parameters()
-        key = json.dumps({p.name: p.value for p in params}, sort_keys=True, default=str)
+        key = json_key({p.name: p.value for p in params})
         if key not in self._current:
             self._current[key] = await run_rollouts(ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score,
                                                     concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)

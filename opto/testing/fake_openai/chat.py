@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 from urllib.parse import urlsplit
 
-from .http import RecordedRequest, Response, error, estimate_tokens, json_response, new_id, text_of
+from ...llm.types import content_text
+from .http import RecordedRequest, Response, error, estimate_tokens, json_response, new_id
 
 __all__ = ["CHAT_PATH", "ChatAPI", "FakeReply", "ReplyResult", "ReplySpec"]
 
@@ -197,7 +198,7 @@ class ChatAPI:
         spec = self.reply
         if spec is None:
             users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
-            result: ReplyResult = "echo: " + (text_of(users[-1].get("content")) if users else "")
+            result: ReplyResult = "echo: " + (content_text(users[-1].get("content")) if users else "")
         elif isinstance(spec, str):
             result = spec
         elif isinstance(spec, list):
@@ -213,7 +214,7 @@ class ChatAPI:
         return FakeReply(texts, reply.finish_reason, reply.status, reply.prompt_tokens, reply.completion_tokens)
 
     def _completion(self, body: dict[str, Any], reply: FakeReply, n: int) -> dict[str, Any]:
-        prompt = " ".join(text_of(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
+        prompt = " ".join(content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
         prompt_tokens = reply.prompt_tokens if reply.prompt_tokens is not None else estimate_tokens(prompt)
         completion_tokens = reply.completion_tokens
         if completion_tokens is None:

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = ["HTTPServer", "Handler", "RecordedRequest", "Response", "error", "estimate_tokens", "json_response", "new_id",
-           "parse_multipart", "text_of"]
+           "parse_multipart"]
 
 # Error `type`/`code` OpenAI uses for the common statuses, so clients that branch on them behave.
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -67,15 +67,6 @@ def error(status: int, message: str, *, code: str | None = None, param: str | No
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def text_of(content: Any) -> str:
-    """The text of a message `content`, which is a string or a list of typed parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
 
 
 def estimate_tokens(text: str) -> int:

@@ -5,9 +5,10 @@ Changes to `Demos` parameters are merged by rule instead (no model call; see
 that changes demos and other parameters is split, and the LLM merges only the rest.
 
 The current values are suggestion 0 with confidence `1 - stepsize`; each distinct
-proposal has confidence `stepsize`. When the proposals do not fit one prompt
-(`fan_in` suggestions or `max_prompt_tokens`), they are merged in groups and the group
-results merged again, so the prompt stays bounded at any batch size.
+proposal has confidence `stepsize`. All of them go into one prompt whenever it fits
+`max_prompt_tokens` (measured on the rendered prompt); only when it does not (or when a
+`fan_in` count is set and exceeded) are they merged in groups and the group results
+merged again, so the prompt stays bounded at any batch size.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class Aggregator:
             replaces `prompts/aggregator.user.j2`.
         max_tokens: the reply's token limit.
         max_prompt_tokens: above this (estimated) prompt size, merge in groups.
-        fan_in: at most this many suggestions in one prompt.
+        fan_in: at most this many suggestions in one prompt (None, the default: as many
+            as fit `max_prompt_tokens`, so a step merges in one call whenever it can).
         num_candidates: samples of the final LLM merge; each is validated on its own. The
             rule merge of demo lists always gives one candidate (it is deterministic).
         temperature: sampling temperature (the backend's default when None).
@@ -116,12 +118,12 @@ class Aggregator:
         template: PromptTemplate | str | Path | None = None,
         max_tokens: int = 4096,
         max_prompt_tokens: int = 6000,
-        fan_in: int = 8,
+        fan_in: int | None = None,
         num_candidates: int = 1,
         temperature: float | None = None,
         structured: bool = True,
     ) -> None:
-        if fan_in < 2:
+        if fan_in is not None and fan_in < 2:
             raise ValueError(f"fan_in must be >= 2, got {fan_in}")
         if num_candidates < 1:
             raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
@@ -220,7 +222,7 @@ class Aggregator:
         return sum(estimate_tokens(m["content"]) for m in self._messages(params, suggestions, stepsize))
 
     def _fits(self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float) -> bool:
-        if len(suggestions) > self.fan_in:
+        if self.fan_in is not None and len(suggestions) > self.fan_in:
             return False
         return self._prompt_tokens(params, suggestions, stepsize) <= self.max_prompt_tokens
 

@@ -301,3 +301,13 @@ async def test_groups_that_yield_no_update_are_dropped():
     proposals = [proposal({"k": k}) for k in (4, 5, 6, 7)]
     assert await Aggregator(model, fan_in=2).aggregate(params(), proposals, stepsize=0.5) == []
     assert len(model.requests) == 2  # both groups asked, no final merge
+
+
+async def test_a_step_merges_in_one_call_whenever_the_prompt_fits():
+    model = merging_model()
+    proposals = [proposal({"k": 1 + i % 10, "prompt": f"Variant {i}."}, reasoning=f"k={1 + i % 10}")
+                 for i in range(32)]
+    [final] = await Aggregator(model).aggregate(params(), proposals, stepsize=0.5)
+    assert len(model.requests) == 1  # 32 short suggestions: one prompt, no group rounds
+    assert final.level == 1 and final.groups == [] and len(final.source_proposals) == 32
+    assert final.update == {"k": 10}

@@ -809,3 +809,25 @@ def test_a_hanging_sync_agent_times_out_in_evaluate():
     result = evaluate(SyncSlow(), ExactMatchGuide(), [("0", "p"), ("1", "p")], rollout_timeout=0.1)
     assert result.scores[0] == 1.0 and result.n_failed == 1
     assert "rollout_timeout=0.1" in result.rollouts[1].error
+
+
+def test_candidates_are_validated_at_the_same_time_and_recorded_in_order(tmp_path):
+    in_flight, peak = [0], [0]
+
+    async def slow_reply(messages):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        await asyncio.sleep(0.05)
+        in_flight[0] -= 1
+        return agent_reply(messages)
+
+    brain = ScriptedModel(make_brain(delta=2))
+    agent = LevelAgent(ScriptedModel(slow_reply))
+    trainer = AggregatedUpdate(agent, Optimizer(brain), aggregator=Aggregator(brain, num_candidates=3),
+                               concurrency=1)
+    trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
+    assert peak[0] >= 2  # concurrency=1 per candidate's batch, yet several candidates ran at once
+    ledger = RunDir(tmp_path).ledger()
+    candidates = [r["candidate_id"] for r in ledger if r["type"] == "candidate"]
+    decisions = [r["candidate_id"] for r in ledger if r["type"] == "decision"]
+    assert decisions == candidates  # decisions in candidate order

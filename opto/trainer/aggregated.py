@@ -214,14 +214,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                  min_score=ctx.min_score, concurrency=self.concurrency,
                                  improvement_threshold=self.improvement_threshold,
                                  rollout_timeout=ctx.rollout_timeout)
-        decisions = []
-        for candidate in candidates:
-            decision = await self.validation.decide(vctx, candidate.candidate_id, self.to_param_dict(candidate.update))
+        # Candidates are validated at once; their events are added in candidate order.
+        decisions = await gather_all(self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update))
+                                     for c in candidates)
+        for candidate, decision in zip(candidates, decisions):
             for rollout in decision.rollouts:
                 ctx.emit(RolloutEvent(step=ctx.step, phase="validation", **{**rollout.to_record(),
                                                                            "candidate_id": candidate.candidate_id}))
             ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
-            decisions.append(decision)
         return decisions
 
     # Pareto selection ------------------------------------------------------------------

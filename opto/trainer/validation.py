@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,24 +105,27 @@ class MinibatchValidation(Validation):
 class DatasetValidation(Validation):
     """Compare candidate and current values on a fixed validation dataset.
 
-    The current values' score is computed once per distinct set of values and reused.
+    The current values' score is computed once per distinct set of values and reused,
+    also by candidates validated at the same time.
     """
 
     name = "dataset"
 
     def __init__(self, dataset: Any) -> None:
         self.examples: list[Example] = load_dataset(dataset)
-        self._current: dict[str, list[Rollout]] = {}
+        self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         params = ctx.agent.parameters()
         key = json_key({p.name: p.value for p in params})
-        if key not in self._current:
-            self._current[key] = await run_rollouts(ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score,
-                                                    concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
+        cached = self._current.get(key)
+        if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
+            cached = self._current[key] = asyncio.ensure_future(run_rollouts(
+                ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, concurrency=ctx.concurrency,
+                timeout=ctx.rollout_timeout))
         rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score,
                                       concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
-        return self.compare(candidate_id, self._current[key], rollouts, ctx.improvement_threshold)
+        return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
 
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:

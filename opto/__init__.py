@@ -27,13 +27,14 @@ from .llm import (
 from .optimizers import DemoProposer, Optimizer, Proposal, Proposer
 from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
-from .rollout import Rollout
+from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
 from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AsyncioExecutor",
     "AggregatedUpdate",
     "Aggregator",
     "Budget",
@@ -68,6 +69,7 @@ __all__ = [
     "Proposer",
     "ResponseCache",
     "Rollout",
+    "RolloutExecutor",
     "RunDir",
     "ScriptedModel",
     "StepRecord",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +18,7 @@ from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .parameters import Parameter, assign, track_reads
 
-__all__ = ["Rollout", "RolloutFields", "mean_score", "run_rollout", "run_rollouts"]
+__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,3 +135,51 @@ async def run_rollouts(
             return await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
 
     return await gather_all(one(e) for e in examples)
+
+
+@runtime_checkable
+class RolloutExecutor(Protocol):
+    """Where rollouts run: every agent run of the trainer (training, validation, proposal
+    scoring, evaluation) goes through one executor, so a distributed one can take over
+    without touching the trainer. Results come back in input order."""
+
+    async def run(
+        self,
+        agent: Agent,
+        guide: Guide,
+        examples: Sequence[Example],
+        *,
+        values: Mapping[Parameter, Any] | None = None,
+        min_score: float | None = None,
+        timeout: float | None = None,
+    ) -> list[Rollout]:
+        """`run_rollout` on every example; `timeout` (seconds per rollout) overrides the executor's own."""
+        ...
+
+
+class AsyncioExecutor:
+    """The default executor: rollouts as asyncio tasks in this process.
+
+    Args:
+        concurrency: rollouts at once, at most (per `run` call).
+        timeout: seconds per rollout before it counts as failed (None: no limit).
+    """
+
+    def __init__(self, concurrency: int = 16, timeout: float | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.concurrency = concurrency
+        self.timeout = timeout
+
+    async def run(
+        self,
+        agent: Agent,
+        guide: Guide,
+        examples: Sequence[Example],
+        *,
+        values: Mapping[Parameter, Any] | None = None,
+        min_score: float | None = None,
+        timeout: float | None = None,
+    ) -> list[Rollout]:
+        return await run_rollouts(agent, guide, examples, values=values, min_score=min_score,
+                                  concurrency=self.concurrency, timeout=timeout if timeout is not None else self.timeout)

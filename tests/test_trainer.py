@@ -831,3 +831,26 @@ def test_candidates_are_validated_at_the_same_time_and_recorded_in_order(tmp_pat
     candidates = [r["candidate_id"] for r in ledger if r["type"] == "candidate"]
     decisions = [r["candidate_id"] for r in ledger if r["type"] == "decision"]
     assert decisions == candidates  # decisions in candidate order
+
+
+def test_every_rollout_goes_through_the_executor(tmp_path):
+    from opto.rollout import AsyncioExecutor, RolloutExecutor
+
+    class CountingExecutor(AsyncioExecutor):
+        def __init__(self):
+            super().__init__(concurrency=2)
+            self.examples = 0
+
+        async def run(self, agent, guide, examples, **kwargs):
+            self.examples += len(examples)
+            return await super().run(agent, guide, examples, **kwargs)
+
+    executor = CountingExecutor()
+    assert isinstance(executor, RolloutExecutor)
+    brain = ScriptedModel(make_brain())
+    agent_model = ScriptedModel(agent_reply)
+    trainer = AggregatedUpdate(LevelAgent(agent_model), Optimizer(brain), llm=brain, executor=executor,
+                               score_proposals="instance")
+    trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, test_dataset=dataset([0, 1, 2]), **TRAIN)
+    # test before (3) + the batch (2) + one proposal scored per instance (2) + validation (2) + test after (3)
+    assert executor.examples == 12 == len(agent_model.requests)

@@ -35,7 +35,7 @@ from ..guides import Guide
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
 from ..optimizers import Optimizer, Proposal, Proposer
-from ..rollout import Rollout, mean_score, run_rollouts
+from ..rollout import Rollout, RolloutExecutor, mean_score
 from .failures import check_failures
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
@@ -60,6 +60,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         max_tokens: the aggregator reply's token limit.
         aggregator: a configured `Aggregator` (then `llm` and `max_tokens` are unused).
         concurrency: agent runs and LLM calls the trainer starts at once.
+        executor: where rollouts run (`opto.RolloutExecutor`; default in-process asyncio).
         validation: "minibatch" (re-run the batch with the candidate), "none" (always
             accept), a dataset to validate on, or a `Validation` object.
         improvement_threshold: a candidate must beat the current mean by more than this.
@@ -80,12 +81,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         *,
         aggregator: Aggregator | None = None,
         concurrency: int = 16,
+        executor: RolloutExecutor | None = None,
         validation: str | Validation | Any = "minibatch",
         improvement_threshold: float = 0.0,
         score_proposals: str | None = None,
         selection: str = "greedy",
     ) -> None:
-        super().__init__(agent, concurrency=concurrency)
+        super().__init__(agent, concurrency=concurrency, executor=executor)
         self.proposers: list[Proposer] = _check_proposers(optimizer)
         self.optimizer = self.proposers[0]
         if llm is None:
@@ -126,13 +128,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         proposals = [p for o in outputs for p in o.proposals]
         if self.score_proposals:
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
-                                  min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout)
+                                  min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout,
+                                  executor=self.executor)
         return await self._decide(rollouts, proposals, ctx)
 
     async def _rollouts(self, batch: list[Example], ctx: StepContext) -> list[Rollout]:
         """The agent and guide on every example under the current values."""
-        rollouts = await run_rollouts(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                      concurrency=self.concurrency, timeout=ctx.rollout_timeout)
+        rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
+                                           timeout=ctx.rollout_timeout)
         for rollout in rollouts:
             ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
         ctx.failure_log.note(rollouts, f"step {ctx.step}")
@@ -211,7 +214,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     async def _decisions(self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext) -> list[Decision]:
         batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
         vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
-                                 min_score=ctx.min_score, concurrency=self.concurrency,
+                                 min_score=ctx.min_score, executor=self.executor,
                                  improvement_threshold=self.improvement_threshold,
                                  rollout_timeout=ctx.rollout_timeout)
         # Candidates are validated at once; their events are added in candidate order.

@@ -13,7 +13,7 @@ from ..agent import Agent
 from ..data import load_dataset
 from ..guides import Guide
 from ..parameters import Parameter
-from ..rollout import Rollout, mean_score, run_rollouts
+from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, check_failures, validate_max_failures
 
 __all__ = ["EvalResult", "aevaluate", "evaluate"]
@@ -57,8 +57,10 @@ async def aevaluate(
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,
     failure_log: FailureLog | None = None,
+    executor: RolloutExecutor | None = None,
 ) -> EvalResult:
-    """Run and judge `agent` on every example of `dataset`, `concurrency` at a time.
+    """Run and judge `agent` on every example of `dataset`, `concurrency` at a time (or
+    through `executor`).
 
     A rollout longer than `rollout_timeout` seconds counts as failed. The first failure of
     each kind is logged at WARNING. Raises `TooManyFailures` when the failed examples
@@ -67,9 +69,8 @@ async def aevaluate(
     """
     validate_max_failures(max_failures)
     examples = load_dataset(dataset)
-    rollouts = await run_rollouts(
-        agent, guide, examples, values=values, min_score=min_score, concurrency=concurrency, timeout=rollout_timeout
-    )
+    runner = executor or AsyncioExecutor(concurrency)
+    rollouts = await runner.run(agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout)
     (failure_log or FailureLog()).note(rollouts, "evaluation")
     check_failures(rollouts, max_failures, "the evaluation")
     return EvalResult.from_rollouts(rollouts)

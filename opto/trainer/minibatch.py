@@ -18,6 +18,7 @@ from ..callbacks import Callback, CallbackList, deliver_step
 from ..events import LedgerEvent, StepRecord
 from ..ledger import Checkpoint, RunDir, RunDirWriter
 from ..llm.errors import BudgetExceeded
+from ..rollout import AsyncioExecutor, RolloutExecutor
 from ..llm.usage import UsageStats, meter_usage
 from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
@@ -114,15 +115,17 @@ class Minibatch:
     Args:
         agent: the agent whose parameters are trained.
         concurrency: agent runs (and LLM calls the trainer starts) at once.
+        executor: where rollouts run (default: `AsyncioExecutor(concurrency)` in this process).
     """
 
-    def __init__(self, agent: Agent, *, concurrency: int = 16) -> None:
+    def __init__(self, agent: Agent, *, concurrency: int = 16, executor: RolloutExecutor | None = None) -> None:
         if not isinstance(agent, Agent):
             raise TypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.agent = agent
         self.concurrency = concurrency
+        self.executor: RolloutExecutor = executor or AsyncioExecutor(concurrency)
         if not agent.parameters(trainable_only=True):
             raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
 
@@ -309,7 +312,7 @@ class Minibatch:
         return saved
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
-        return await aevaluate(self.agent, ctx.guide, test, concurrency=self.concurrency, min_score=ctx.min_score,
+        return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,
                                max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
                                failure_log=ctx.failure_log)
 

@@ -37,7 +37,7 @@ from ..guides import Guide
 from ..optimizers import Proposal
 from .._io import json_key
 from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
-from ..rollout import Rollout, mean_score, run_rollouts
+from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from .minibatch import StepContext
 
 __all__ = ["PROPOSAL_SCORING_MODES", "ProposalScore", "check_score_proposals", "score_proposals"]
@@ -68,6 +68,7 @@ async def score_proposals(
     min_score: float | None = None,
     concurrency: int = 16,
     timeout: float | None = None,
+    executor: RolloutExecutor | None = None,
 ) -> list[ProposalScore]:
     """Score every proposal's update on its own and record the results in `ctx`'s ledger.
 
@@ -81,6 +82,7 @@ async def score_proposals(
         min_score: the score of a failed rollout (as in training).
         concurrency: agent runs at once, about.
         timeout: seconds after which one rollout counts as failed (None: no limit).
+        executor: where the rollouts run (default: in-process asyncio, `concurrency` at once).
 
     Returns:
         One `ProposalScore` per proposal, in input order.
@@ -95,11 +97,12 @@ async def score_proposals(
     per_run = 1 if mode == "instance" else max(1, len(batch))
     gate = asyncio.Semaphore(max(1, concurrency // per_run))
     shared: dict[str, asyncio.Task[list[Rollout]]] = {}
+    runner = executor or AsyncioExecutor(concurrency)
 
     async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
         async with gate:
-            return await run_rollouts(agent, guide, examples, values=agent.resolve(cast(Mapping[Any, Any], update)),
-                                      min_score=min_score, concurrency=concurrency, timeout=timeout)
+            return await runner.run(agent, guide, examples, values=agent.resolve(cast(Mapping[Any, Any], update)),
+                                    min_score=min_score, timeout=timeout)
 
     def examples_for(proposal: Proposal) -> list[Example]:
         if mode == "minibatch":

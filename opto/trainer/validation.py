@@ -12,7 +12,7 @@ from .._io import json_key
 from ..agent import Agent
 from ..data import Example, load_dataset
 from ..guides import Guide
-from ..rollout import Rollout, mean_score, run_rollouts
+from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 
 __all__ = ["Decision", "DatasetValidation", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
 
@@ -41,7 +41,7 @@ class ValidationContext(BaseModel):
     batch: list[Example]
     current_rollouts: list[Rollout]
     min_score: float | None = None
-    concurrency: int = 16
+    executor: RolloutExecutor = Field(default_factory=AsyncioExecutor)
     improvement_threshold: float = 0.0
     rollout_timeout: float | None = None
 
@@ -97,8 +97,8 @@ class MinibatchValidation(Validation):
     name = "minibatch"
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        rollouts = await run_rollouts(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
-                                      concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
+        rollouts = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
+                                          timeout=ctx.rollout_timeout)
         return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
 
 
@@ -120,11 +120,10 @@ class DatasetValidation(Validation):
         key = json_key({p.name: p.value for p in params})
         cached = self._current.get(key)
         if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
-            cached = self._current[key] = asyncio.ensure_future(run_rollouts(
-                ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, concurrency=ctx.concurrency,
-                timeout=ctx.rollout_timeout))
-        rollouts = await run_rollouts(ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score,
-                                      concurrency=ctx.concurrency, timeout=ctx.rollout_timeout)
+            cached = self._current[key] = asyncio.ensure_future(ctx.executor.run(
+                ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout))
+        rollouts = await ctx.executor.run(ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score,
+                                          timeout=ctx.rollout_timeout)
         return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
 
 

@@ -55,7 +55,8 @@ class StepContext(BaseModel):
 
 
 class StepOutcome(BaseModel):
-    """The result of one step: the batch score under the current values and the decision.
+    """What the Trace-compatible `update()` returns: the batch score under the current
+    values and the decision (a step in `train()` gives the fuller `StepRecord`).
 
     `accepted` is None when no candidate update was made (nothing proposed, no change
     asked for, or nothing usable in the aggregator's reply).
@@ -242,21 +243,21 @@ class Minibatch:
                     await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
                     ctx = unfinished = context(state.step + 1, epoch)
-                    outcome = await self.step(batch, ctx)
+                    record = await self.step(batch, ctx)
                     unfinished = None
-                    self._account(state, ctx, outcome, loader)
+                    self._account(state, ctx, record, loader)
                     # The step's work is kept before its evaluation, so a stop there loses nothing.
                     state.usage = _merge_usage(prior_usage, meter.by_model)
                     if writer is not None:
-                        deliver_step(writer, outcome)
+                        deliver_step(writer, record)
                         writer.run.save_checkpoint(state)
-                    deliver_step(observers, outcome)
+                    deliver_step(observers, record)
                     await finish_step(ctx)
                     bar.update(1)
-                    bar.set_postfix(score=_fmt(outcome.score), accepted=f"{state.accepted}/{state.step}")
+                    bar.set_postfix(score=_fmt(record.score), accepted=f"{state.accepted}/{state.step}")
                     if log_frequency and state.step % log_frequency == 0:
                         logger.info("step %d epoch %d score %s accepted %d rejected %d", state.step, epoch,
-                                    _fmt(outcome.score), state.accepted, state.rejected)
+                                    _fmt(record.score), state.accepted, state.rejected)
                 changed = self.finish()
                 state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
@@ -316,20 +317,20 @@ class Minibatch:
                                max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
                                failure_log=ctx.failure_log)
 
-    def _account(self, state: Checkpoint, ctx: StepContext, outcome: StepRecord, loader: DataLoader) -> None:
+    def _account(self, state: Checkpoint, ctx: StepContext, record: StepRecord, loader: DataLoader) -> None:
         state.step, state.epoch = ctx.step, ctx.epoch
-        state.train_scores.append(outcome.score)
-        if outcome.accepted is True:
+        state.train_scores.append(record.score)
+        if record.accepted is True:
             state.accepted += 1
-        elif outcome.accepted is False:
+        elif record.accepted is False:
             state.rejected += 1
         else:
             state.no_update += 1
         state.loader_state = loader.state_dict()
         state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
         state.trainer_state = self.state_dict()
-        state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": outcome.score,
-                                 "accepted": outcome.accepted, "candidate_score": outcome.candidate_score}
+        state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": record.score,
+                                 "accepted": record.accepted, "candidate_score": record.candidate_score}
 
     @staticmethod
     def _save(run: RunDir | None, state: Checkpoint, started: float) -> None:

@@ -127,6 +127,11 @@ class Agent:
             raise ValueError(f"{path} is not valid JSON: {exc}") from exc
         if not isinstance(values, dict):
             raise ValueError(f"{path} must hold a JSON object of parameter values")
+        if {"version", "step", "parameters", "loader_state"} <= values.keys():
+            raise ValueError(
+                f"{path} is a training checkpoint, not saved values: load the run's agent.json "
+                f"({Path(path).with_name('agent.json')}), which holds the values the run ended with"
+            )
         self.apply(values)
 
 

@@ -1,4 +1,4 @@
-"""The run directory: ledger.jsonl, checkpoint.json, metrics.jsonl.
+"""The run directory: ledger.jsonl, checkpoint.json, metrics.jsonl, eval.jsonl, agent.json.
 
 The ledger holds one typed event (`opto.events.LedgerEvent`) per rollout, proposal,
 aggregate candidate and validation decision, linked by ids (`step`, `instance_id`,
@@ -56,6 +56,8 @@ class RunDir:
         self.ledger_path = self.path / "ledger.jsonl"
         self.checkpoint_path = self.path / "checkpoint.json"
         self.metrics_path = self.path / "metrics.jsonl"
+        self.eval_path = self.path / "eval.jsonl"
+        self.agent_path = self.path / "agent.json"
 
     def append_events(self, events: list[LedgerEvent]) -> None:
         """Append events to the ledger (one JSON line each)."""
@@ -65,7 +67,18 @@ class RunDir:
         append_jsonl(self.metrics_path, [metrics])
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """The checkpoint, and `agent.json`: its parameter values, loadable with `Agent.load`."""
         atomic_write_json(self.checkpoint_path, checkpoint.model_dump(mode="json"))
+        if checkpoint.parameters:
+            atomic_write_json(self.agent_path, checkpoint.parameters)
+
+    def log_evaluation(self, step: int, rollouts: list[Any]) -> None:
+        """One `eval.jsonl` line per example of an evaluation after `step` (0: before training)."""
+        append_jsonl(self.eval_path, [{"step": step, "example_id": r.example_id, "output": r.output, "score": r.score,
+                                       "error": r.error} for r in rollouts])
+
+    def evaluations(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.eval_path)
 
     def load_checkpoint(self) -> Checkpoint | None:
         if not self.checkpoint_path.exists():
@@ -93,17 +106,20 @@ class RunDir:
         evaluation was interrupted keeps its ledger records but gets its line again.
         Torn last lines from a crash mid-append are repaired first.
         """
-        limits = {self.ledger_path: step, self.metrics_path: step if metrics_step is None else metrics_step}
+        owed = step if metrics_step is None else metrics_step
+        limits = {self.ledger_path: step, self.metrics_path: owed, self.eval_path: owed}
         for path, limit in limits.items():
             repair_jsonl(path)
             records = read_jsonl(path)
             kept = [r for r in records if r.get("step", 0) <= limit]
+            if path == self.metrics_path:  # the final test line is written again when the resumed run finishes
+                kept = [r for r in kept if not r.get("final")]
             if len(kept) != len(records):
                 atomic_write_jsonl(path, kept)
 
     def reset(self) -> None:
         """Start afresh: remove the files of an earlier run in this folder."""
-        for path in (self.ledger_path, self.checkpoint_path, self.metrics_path):
+        for path in (self.ledger_path, self.checkpoint_path, self.metrics_path, self.eval_path, self.agent_path):
             path.unlink(missing_ok=True)
 
 
@@ -126,6 +142,9 @@ class RunDirWriter(Callback):
     def flush(self) -> None:
         pending, self._pending = self._pending, []
         self.run.append_events(pending)
+
+    def on_evaluate_end(self, step: int, result: Any) -> None:
+        self.run.log_evaluation(step, result.rollouts)
 
     def keep_unfinished(self, record: StepRecord | None) -> None:
         """A step stopped part-way: keep what it did for audit (resume discards and redoes it)."""

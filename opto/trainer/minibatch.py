@@ -223,6 +223,8 @@ class Minibatch:
 
         async def evaluate_now(ctx: StepContext) -> float | None:
             result = await self._evaluate(test, ctx)  # type: ignore[arg-type]
+            if writer is not None:
+                writer.on_evaluate_end(ctx.step, result)
             observers.call("on_evaluate_end", ctx.step, result)
             return result.mean
 
@@ -265,6 +267,8 @@ class Minibatch:
                     if state.test_scores and state.test_scores[-1][0] == state.step:
                         state.test_scores.pop()  # measured before the final values were chosen
                     state.test_scores.append((state.step, final))
+                    if run is not None:
+                        run.log_metrics({"step": state.step, "final": True, "test_score": final})
                 state.finished = True
             except BudgetExceeded as exc:
                 stopped = f"budget exceeded: {exc}"

@@ -593,3 +593,12 @@ def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
     assert len(errors) == 2 and all("[REDACTED]" in r["error"] for r in errors)
     assert not [name for name, text in written.items() if KEY in text]
     assert KEY not in caplog.text
+
+
+async def test_a_used_up_quota_is_not_retried(server, make_model, backoff_calls) -> None:
+    body = {"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota",
+                      "code": "insufficient_quota", "param": None}}
+    server.fail_next(1, status=429, body=body)
+    with pytest.raises(LLMRequestError, match="exceeded your current quota"):
+        await make_model(max_retries=3).complete(MSG)
+    assert len(server.chat_requests) == 1

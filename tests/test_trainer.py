@@ -854,3 +854,20 @@ def test_every_rollout_goes_through_the_executor(tmp_path):
     trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, test_dataset=dataset([0, 1, 2]), **TRAIN)
     # test before (3) + the batch (2) + one proposal scored per instance (2) + validation (2) + test after (3)
     assert executor.examples == 12 == len(agent_model.requests)
+
+
+def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_the_final_score(tmp_path):
+    trainer, the_agent, agent_model, brain = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), test_dataset=dataset([0, 1, 5]),
+                           eval_frequency=2, run_dir=tmp_path, **TRAIN)
+    fresh = LevelAgent(ScriptedModel(agent_reply))
+    fresh.load(tmp_path / "agent.json")
+    assert fresh.system_prompt.value == the_agent.system_prompt.stored_value == "level 3"
+    evaluations = RunDir(tmp_path).evaluations()
+    assert sorted({e["step"] for e in evaluations}) == [0, 2, 3]
+    assert all(set(e) == {"step", "example_id", "output", "score", "error"} for e in evaluations)
+    assert [e["score"] for e in evaluations if e["step"] == 3] == [1.0, 1.0, 0.0]
+    final = RunDir(tmp_path).metrics()[-1]
+    assert final == {"step": 3, "final": True, "test_score": result.final_test_score}
+    with pytest.raises(ValueError, match="training checkpoint, not saved values: load the run's agent.json"):
+        fresh.load(tmp_path / "checkpoint.json")

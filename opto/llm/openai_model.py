@@ -194,7 +194,8 @@ class OpenAIModel(Model):
                                        redact(exc.message))
                         self._rejected_formats.add(kind)
                     continue
-                if not _is_transient_status(exc.status_code):
+                if not _is_transient_status(exc.status_code) or getattr(exc, "code", None) == "insufficient_quota":
+                    # A used-up quota is a 429 that waiting does not cure.
                     raise LLMRequestError(f"{self.name}: request rejected: {redact(exc.message)}",
                                           exc.status_code) from _keyless(exc)
                 last_error = exc

@@ -116,7 +116,8 @@ def test_pareto_keeps_a_candidate_that_solves_what_no_other_does(tmp_path):
 
 def test_pareto_explores_from_the_lower_mean_candidate_and_finds_more(tmp_path):
     trainer, agent = make_trainer("pareto")
-    result = trainer.train(ExactMatchGuide(), TRAIN, run_dir=tmp_path, test_dataset=VALIDATION, **ARGS)
+    result = trainer.train(ExactMatchGuide(), TRAIN, run_dir=tmp_path, test_dataset=VALIDATION, eval_frequency=1,
+                           **ARGS)
     ledger = RunDir(tmp_path).ledger()
     parent_skills = {json.dumps(r["front"], sort_keys=True) for r in ledger if r["type"] == "parent"}
     assert len(parent_skills) > 1

@@ -871,3 +871,11 @@ def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_th
     assert final == {"step": 3, "final": True, "test_score": result.final_test_score}
     with pytest.raises(ValueError, match="training checkpoint, not saved values: load the run's agent.json"):
         fresh.load(tmp_path / "checkpoint.json")
+
+
+def test_by_default_the_test_set_is_evaluated_only_at_the_start_and_the_end():
+    trainer, the_agent, agent_model, brain = make_trainer()
+    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), test_dataset=dataset([0, 1, 2, 3]), **TRAIN)
+    assert [step for step, _ in result.test_scores] == [0, 3]
+    # 3 steps x (1 rollout + 1 validation) + 2 evaluations x 4 examples
+    assert len(agent_model.requests) == 3 * 2 + 2 * 4

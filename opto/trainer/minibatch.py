@@ -158,7 +158,7 @@ class Minibatch:
         num_epochs: int = 1,
         batch_size: int = 1,
         test_dataset: Any = None,
-        eval_frequency: int | None = 1,
+        eval_frequency: int | None = None,
         log_frequency: int | None = None,
         min_score: float | None = None,
         verbose: bool = False,
@@ -173,8 +173,9 @@ class Minibatch:
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
-        `test_dataset` is evaluated at the start, every `eval_frequency` steps and at the
-        end. With `run_dir`, the ledger, metrics and a checkpoint after every step are
+        `test_dataset` is evaluated at the start and at the end, and every
+        `eval_frequency` steps when that is set (each evaluation runs the agent on the
+        whole test set: on a paid API, ask for it only as often as you need it). With `run_dir`, the ledger, metrics and a checkpoint after every step are
         written there, and `resume=True` continues from the last completed step. A
         `BudgetExceeded` stops the run cleanly after saving what was done.
 

@@ -159,7 +159,7 @@ class Minibatch:
         batch_size: int = 1,
         test_dataset: Any = None,
         eval_frequency: int | None = None,
-        log_frequency: int | None = None,
+        log_frequency: int | None = 1,
         min_score: float | None = None,
         verbose: bool = False,
         run_dir: str | Path | None = None,
@@ -183,6 +183,9 @@ class Minibatch:
         is a failed rollout. The run stops cleanly (`stopped_reason`) when the failed
         rollouts of one step's batch, or of one evaluation, reach `max_failures`: an int
         counts them, a float is a fraction (the default 1.0: all of them); None never stops.
+
+        Every `log_frequency` steps (default: each) one INFO line says the step's score,
+        decision, candidate score and the calls, tokens and cost so far.
 
         `callbacks` (`opto.Callback`) observe the run: every ledger event, every step's
         `StepRecord`, every evaluation, and the result; one that raises is detached.
@@ -259,8 +262,11 @@ class Minibatch:
                     bar.update(1)
                     bar.set_postfix(score=_fmt(record.score), accepted=f"{state.accepted}/{state.step}")
                     if log_frequency and state.step % log_frequency == 0:
-                        logger.info("step %d epoch %d score %s accepted %d rejected %d", state.step, epoch,
-                                    _fmt(record.score), state.accepted, state.rejected)
+                        spent = sum(state.usage.values(), UsageStats())
+                        decision = {True: "accepted", False: "rejected", None: "no candidate"}[record.accepted]
+                        logger.info("step %d (epoch %d): score %s, %s (candidate %s); %d calls, %d tokens, $%.4f so far",
+                                    state.step, epoch, _fmt(record.score), decision, _fmt(record.candidate_score),
+                                    spent.calls, spent.total_tokens, spent.cost_usd)
                 changed = self.finish()
                 state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):

@@ -52,6 +52,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    summary = write_report(args.run_dir, args.out)
+    print(f"wrote {summary.png} and {summary.markdown}")
+    test = ""
+    if summary.first_test_score is not None:
+        test = f"  test score {summary.first_test_score:.3f} -> {summary.last_test_score:.3f}"
+    print(f"steps: {summary.steps}  accepted: {summary.accepted}  rejected: {summary.rejected}{test}")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from .preference import PreferencePairBuilder, export_run
 
@@ -206,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
+    report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
+    report.add_argument("run_dir", help="the run directory")
+    report.add_argument("--out", help="the folder to write into (default: the run directory)")
+    report.set_defaults(handler=_report)
     _add_export_parser(commands)
     _add_finetune_parser(commands)
     return parser

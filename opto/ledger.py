@@ -43,6 +43,8 @@ class Checkpoint(BaseModel):
     # The metrics line of the last step while its evaluation has not finished: a stop
     # during that evaluation keeps the step, and resume evaluates again and writes it.
     pending_metrics: dict[str, Any] | None = None
+    # The values the run started from (for reports).
+    initial_parameters: dict[str, Any] = Field(default_factory=dict)
     # What the trainer keeps between steps (e.g. the Pareto candidate pool).
     trainer_state: dict[str, Any] = Field(default_factory=dict)
 

@@ -212,6 +212,8 @@ class Minibatch:
         run = RunDir(run_dir) if run_dir is not None else None
         writer = RunDirWriter(run) if run is not None else None
         state = self._start_state(run, resume, loader, config)
+        if not state.initial_parameters:
+            state.initial_parameters = {p.name: p.stored_value for p in self.agent.parameters()}  # type: ignore[misc]
         self.load_state_dict(state.trainer_state)
         prior_usage = dict(state.usage)
         observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})

@@ -1,0 +1,171 @@
+"""`opto report`: a run's learning curve as a picture and its steps as a Markdown summary.
+
+Reads whatever a run directory holds (a finished, stopped or still-running run, and
+ledgers written by older versions): `metrics.jsonl` for scores and cost, the ledger for
+each step's decision, `checkpoint.json` for the values. Writes `report.png` (matplotlib,
+no display needed) and `report.md`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ._io import atomic_write_text, read_jsonl
+from .ledger import RunDir
+
+__all__ = ["ReportSummary", "write_report"]
+
+
+class ReportSummary(BaseModel):
+    """What `write_report` wrote and the figures it found."""
+
+    png: str
+    markdown: str
+    steps: int
+    accepted: int
+    rejected: int
+    first_test_score: float | None = None
+    last_test_score: float | None = None
+    plotted_points: dict[str, int] = Field(default_factory=dict)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
+    """Write `report.png` and `report.md` for the run in `run_dir` (into `out`, default the run dir)."""
+    run = RunDir(run_dir) if Path(run_dir).is_dir() else None
+    if run is None or not (run.metrics_path.exists() or run.ledger_path.exists()):
+        raise FileNotFoundError(f"{run_dir} holds no opto run (no metrics.jsonl or ledger.jsonl)")
+    target = Path(out) if out is not None else run.path
+    if not target.is_dir():
+        raise FileNotFoundError(f"--out {target} is not a folder; create it first")
+    steps = [m for m in read_jsonl(run.metrics_path) if not m.get("final")]
+    finals = [m for m in read_jsonl(run.metrics_path) if m.get("final")]
+    decisions = _decisions_by_step(run.ledger())
+    checkpoint = _checkpoint(run)
+    tests = [(m["step"], m["test_score"]) for m in steps if m.get("test_score") is not None]
+    tests += [(m["step"], m["test_score"]) for m in finals if m.get("test_score") is not None]
+    if checkpoint.get("test_scores"):
+        tests = sorted({(int(s), v) for s, v in checkpoint["test_scores"] if v is not None})
+    png = target / "report.png"
+    points = _plot(png, steps, tests)
+    markdown = target / "report.md"
+    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger()))
+    accepted = sum(1 for m in steps if m.get("accepted") is True)
+    rejected = sum(1 for m in steps if m.get("accepted") is False)
+    return ReportSummary(png=str(png), markdown=str(markdown), steps=len(steps), accepted=accepted, rejected=rejected,
+                         first_test_score=tests[0][1] if tests else None,
+                         last_test_score=tests[-1][1] if tests else None, plotted_points=points)
+
+
+def _checkpoint(run: RunDir) -> dict[str, Any]:
+    try:
+        return json.loads(run.checkpoint_path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _decisions_by_step(ledger: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    found: dict[int, list[dict[str, Any]]] = {}
+    for record in ledger:
+        if record.get("type") == "decision":
+            found.setdefault(int(record.get("step", 0)), []).append(record)
+    return found
+
+
+def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]]) -> dict[str, int]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    points: dict[str, int] = {}
+    train = [(m["step"], m["score"]) for m in steps if m.get("score") is not None]
+    if train:
+        ax.plot(*zip(*train), "o-", color="tab:blue", label="train batch score")
+        points["train"] = len(train)
+    if tests:
+        ax.plot(*zip(*tests), "s--", color="tab:green", label="test score")
+        points["test"] = len(tests)
+    for outcome, marker, color, label in ((True, "^", "tab:green", "accepted"), (False, "x", "tab:red", "rejected")):
+        marked = [(m["step"], m.get("candidate_score") if m.get("candidate_score") is not None else m.get("score"))
+                  for m in steps if m.get("accepted") is outcome]
+        marked = [(s, v) for s, v in marked if v is not None]
+        if marked:
+            ax.scatter(*zip(*marked), marker=marker, s=80, color=color, label=f"{label} (candidate score)", zorder=3)
+            points[label] = len(marked)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("score")
+    tokens = [(m["step"], m.get("tokens") or 0) for m in steps]
+    if tokens:
+        cost = ax.twinx()
+        cost.plot(*zip(*tokens), ":", color="tab:gray", label="tokens so far")
+        cost.set_ylabel("tokens so far")
+        points["tokens"] = len(tokens)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("opto run")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return points
+
+
+def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
+              decisions: dict[int, list[dict[str, Any]]], checkpoint: dict[str, Any],
+              ledger: list[dict[str, Any]]) -> str:
+    lines = [f"# Run report: {path}", ""]
+    state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
+    lines += [f"{len(steps)} steps, {state}.", ""]
+    if tests:
+        lines += ["Test scores: " + ", ".join(f"step {s}: {v:.3f}" for s, v in tests), ""]
+    lines += ["| step | score | decision | reason | candidate score | calls | tokens | cost (USD) |",
+              "|---:|---:|---|---|---:|---:|---:|---:|"]
+    previous: dict[str, Any] = {"calls": 0, "tokens": 0, "cost_usd": 0.0}
+    for m in steps:
+        decision = {True: "accepted", False: "rejected", None: "no candidate"}[m.get("accepted")]
+        reasons = "; ".join(str(d.get("reason", "")) for d in decisions.get(int(m["step"]), []))
+        reason = reasons.replace("|", "/")[:120]
+        lines.append(
+            f"| {m['step']} | {_num(m.get('score'))} | {decision} | {reason} | {_num(m.get('candidate_score'))} | "
+            f"{(m.get('calls') or 0) - previous['calls']} | {(m.get('tokens') or 0) - previous['tokens']} | "
+            f"{(m.get('cost_usd') or 0.0) - previous['cost_usd']:.4f} |")
+        previous = {key: m.get(key) or 0 for key in previous}
+    lines += ["", "## Parameter values", ""]
+    start = checkpoint.get("initial_parameters") or {}
+    end = checkpoint.get("parameters") or {}
+    lines += ["**At the start**", "", _values(start) if start else "(not recorded by this version)", ""]
+    lines += ["**At the end**", "", _values(end) if end else "(no checkpoint yet)", ""]
+    applied = [r for r in ledger if r.get("type") == "applied"]
+    if applied:
+        lines += ["## What each accepted step changed", ""]
+        current = dict(start)
+        for record in applied:
+            lines.append(f"**Step {record.get('step')}**")
+            lines.append("")
+            for name, value in (record.get("update") or {}).items():
+                lines += _diff(name, current.get(name), value)
+                current[name] = value
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _diff(name: str, old: Any, new: Any) -> list[str]:
+    old_text = old if isinstance(old, str) else json.dumps(old, indent=1, ensure_ascii=False)
+    new_text = new if isinstance(new, str) else json.dumps(new, indent=1, ensure_ascii=False)
+    diff = difflib.unified_diff((old_text or "").splitlines(), new_text.splitlines(), f"{name} before",
+                                f"{name} after", lineterm="")
+    return ["```diff", *diff, "```"]
+
+
+def _values(values: dict[str, Any]) -> str:
+    return "```json\n" + json.dumps(values, indent=2, ensure_ascii=False) + "\n```"
+
+
+def _num(value: Any) -> str:
+    return "" if value is None else f"{value:.3f}"

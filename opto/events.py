@@ -189,6 +189,7 @@ class StepRecord(BaseModel):
     candidate_score: float | None = None
     update: dict[str, Any] = Field(default_factory=dict)
     note: str = ""
+    start_values: dict[str, Any] = Field(default_factory=dict)  # the values the step started from
 
     def add(self, event: LedgerEvent) -> None:
         self.events.append(event)

@@ -43,6 +43,8 @@ class Checkpoint(BaseModel):
     # The metrics line of the last step while its evaluation has not finished: a stop
     # during that evaluation keeps the step, and resume evaluates again and writes it.
     pending_metrics: dict[str, Any] | None = None
+    # The values with the best validation score so far: {"step", "score", "parameters"}.
+    best: dict[str, Any] | None = None
     # The values the run started from (for reports).
     initial_parameters: dict[str, Any] = Field(default_factory=dict)
     # What the trainer keeps between steps (e.g. the Pareto candidate pool).
@@ -60,6 +62,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.eval_path = self.path / "eval.jsonl"
         self.agent_path = self.path / "agent.json"
+        self.best_path = self.path / "best.json"
 
     def append_events(self, events: list[LedgerEvent]) -> None:
         """Append events to the ledger (one JSON line each)."""
@@ -73,6 +76,8 @@ class RunDir:
         atomic_write_json(self.checkpoint_path, checkpoint.model_dump(mode="json"))
         if checkpoint.parameters:
             atomic_write_json(self.agent_path, checkpoint.parameters)
+        if checkpoint.best is not None:
+            atomic_write_json(self.best_path, checkpoint.best)
 
     def log_evaluation(self, step: int, rollouts: list[Any]) -> None:
         """One `eval.jsonl` line per example of an evaluation after `step` (0: before training)."""
@@ -121,7 +126,8 @@ class RunDir:
 
     def reset(self) -> None:
         """Start afresh: remove the files of an earlier run in this folder."""
-        for path in (self.ledger_path, self.checkpoint_path, self.metrics_path, self.eval_path, self.agent_path):
+        for path in (self.ledger_path, self.checkpoint_path, self.metrics_path, self.eval_path, self.agent_path,
+                     self.best_path):
             path.unlink(missing_ok=True)
 
 

@@ -888,3 +888,13 @@ def test_each_step_logs_one_line_with_its_outcome_and_the_cost_so_far(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "opto.trainer.minibatch" and "so far" in r.getMessage()]
     assert len(lines) == 2
     assert lines[0].startswith("step 1 (epoch 0): score 0.000, accepted (candidate 1.000);") and "calls" in lines[0]
+
+
+def test_best_json_holds_the_values_with_the_best_validation_score(tmp_path):
+    # levels 0 -> 1 -> 2 on a validation set of x in 0, 1, 2: level 2 scores 2/3, the best so far
+    trainer, the_agent, agent_model, brain = make_trainer(validation=dataset([0, 1, 2]))
+    trainer.train(ExactMatchGuide(), dataset([0, 1]), run_dir=tmp_path, **TRAIN)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["parameters"] == {"system_prompt": "level 2"} and best["step"] == 2
+    assert best["score"] == pytest.approx(2 / 3)
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["best"] == best

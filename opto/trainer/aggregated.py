@@ -123,6 +123,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
         if self.selection == "pareto" and self.pool:
             self._start_from_the_front(ctx)
+        if ctx.step_record is not None:
+            ctx.step_record.start_values = {p.name: p.stored_value for p in self.agent.parameters()}
         rollouts = await self._rollouts(batch, ctx)
         outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
         proposals = [p for o in outputs for p in o.proposals]

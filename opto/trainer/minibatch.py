@@ -254,6 +254,7 @@ class Minibatch:
                     record = await self.step(batch, ctx)
                     unfinished = None
                     self._account(state, ctx, record, loader)
+                    self._track_best(state, record)
                     # The step's work is kept before its evaluation, so a stop there loses nothing.
                     state.usage = _merge_usage(prior_usage, meter.by_model)
                     if writer is not None:
@@ -329,6 +330,18 @@ class Minibatch:
         return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,
                                max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
                                failure_log=ctx.failure_log)
+
+    @staticmethod
+    def _track_best(state: Checkpoint, record: StepRecord) -> None:
+        """Keep the values with the best validation score seen so far (the step's starting
+        values are scored by its decisions too)."""
+        scored = [(d.current_score, record.start_values) for d in record.decisions[:1]
+                  if d.current_score is not None and record.start_values]
+        if record.accepted and record.candidate_score is not None:
+            scored.append((record.candidate_score, state.parameters))
+        for score, values in scored:
+            if state.best is None or score > state.best["score"]:
+                state.best = {"step": record.step, "score": score, "parameters": dict(values)}
 
     def _account(self, state: Checkpoint, ctx: StepContext, record: StepRecord, loader: DataLoader) -> None:
         state.step, state.epoch = ctx.step, ctx.epoch

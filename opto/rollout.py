@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -124,15 +124,20 @@ async def run_rollouts(
     min_score: float | None = None,
     concurrency: int = 16,
     timeout: float | None = None,
+    on_result: Callable[[Rollout], None] | None = None,
 ) -> list[Rollout]:
-    """`run_rollout` on every example, at most `concurrency` at once, in input order."""
+    """`run_rollout` on every example, at most `concurrency` at once, in input order;
+    `on_result` is called with each rollout as it finishes (e.g. for a progress bar)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     gate = asyncio.Semaphore(concurrency)
 
     async def one(example: Example) -> Rollout:
         async with gate:
-            return await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
+            rollout = await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
+        if on_result is not None:
+            on_result(rollout)
+        return rollout
 
     return await gather_all(one(e) for e in examples)
 
@@ -152,8 +157,10 @@ class RolloutExecutor(Protocol):
         values: Mapping[Parameter, Any] | None = None,
         min_score: float | None = None,
         timeout: float | None = None,
+        on_result: Callable[[Rollout], None] | None = None,
     ) -> list[Rollout]:
-        """`run_rollout` on every example; `timeout` (seconds per rollout) overrides the executor's own."""
+        """`run_rollout` on every example; `timeout` (seconds per rollout) overrides the
+        executor's own; `on_result` is called with each rollout as it finishes."""
         ...
 
 
@@ -180,6 +187,8 @@ class AsyncioExecutor:
         values: Mapping[Parameter, Any] | None = None,
         min_score: float | None = None,
         timeout: float | None = None,
+        on_result: Callable[[Rollout], None] | None = None,
     ) -> list[Rollout]:
         return await run_rollouts(agent, guide, examples, values=values, min_score=min_score,
-                                  concurrency=self.concurrency, timeout=timeout if timeout is not None else self.timeout)
+                                  concurrency=self.concurrency, timeout=timeout if timeout is not None else self.timeout,
+                                  on_result=on_result)

@@ -898,3 +898,15 @@ def test_best_json_holds_the_values_with_the_best_validation_score(tmp_path):
     assert best["parameters"] == {"system_prompt": "level 2"} and best["step"] == 2
     assert best["score"] == pytest.approx(2 / 3)
     assert json.loads((tmp_path / "checkpoint.json").read_text())["best"] == best
+
+
+def test_the_evaluation_shows_its_own_progress(capsys):
+    the_agent = LevelAgent(ScriptedModel(agent_reply), level=2)
+    result = evaluate(the_agent, ExactMatchGuide(), dataset([0, 1, 2, 3]))
+    assert "evaluation" not in capsys.readouterr().err  # quiet unless asked
+    from opto.trainer.evaluation import aevaluate
+
+    result = asyncio.run(aevaluate(the_agent, ExactMatchGuide(), dataset([0, 1, 2, 3]), progress=True))
+    err = capsys.readouterr().err
+    assert "evaluation" in err and "4/4" in err and "mean=0.500" in err
+    assert result.mean == 0.5

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
+from tqdm.auto import tqdm
 
 from .._async import run_sync
 from ..agent import Agent
@@ -58,6 +59,7 @@ async def aevaluate(
     rollout_timeout: float | None = None,
     failure_log: FailureLog | None = None,
     executor: RolloutExecutor | None = None,
+    progress: bool = False,
 ) -> EvalResult:
     """Run and judge `agent` on every example of `dataset`, `concurrency` at a time (or
     through `executor`).
@@ -65,12 +67,24 @@ async def aevaluate(
     A rollout longer than `rollout_timeout` seconds counts as failed. The first failure of
     each kind is logged at WARNING. Raises `TooManyFailures` when the failed examples
     reach `max_failures` (an int counts them, a float is a fraction of the dataset; the
-    default 1.0 raises only when every example failed; None never raises).
+    default 1.0 raises only when every example failed; None never raises). `progress`
+    shows a bar of examples done with their running mean.
     """
     validate_max_failures(max_failures)
     examples = load_dataset(dataset)
     runner = executor or AsyncioExecutor(concurrency)
-    rollouts = await runner.run(agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout)
+    with tqdm(total=len(examples), disable=not progress, desc="evaluation", unit="example", leave=False) as bar:
+        judged: list[float] = []
+
+        def done(rollout: Rollout) -> None:
+            if rollout.score is not None:
+                judged.append(rollout.score)
+            bar.update(1)
+            if judged:
+                bar.set_postfix(mean=f"{sum(judged) / len(judged):.3f}")
+
+        rollouts = await runner.run(agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout,
+                                    on_result=done)
     (failure_log or FailureLog()).note(rollouts, "evaluation")
     check_failures(rollouts, max_failures, "the evaluation")
     return EvalResult.from_rollouts(rollouts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .._async import run_sync
 from ..agent import Agent
@@ -127,6 +129,7 @@ class Minibatch:
         self.agent = agent
         self.concurrency = concurrency
         self.executor: RolloutExecutor = executor or AsyncioExecutor(concurrency)
+        self._progress = False
         if not agent.parameters(trainable_only=True):
             raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
 
@@ -209,6 +212,7 @@ class Minibatch:
         config = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle,
                   "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs}
         observers = CallbackList(callbacks or [])
+        self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
         writer = RunDirWriter(run) if run is not None else None
         state = self._start_state(run, resume, loader, config)
@@ -243,7 +247,8 @@ class Minibatch:
 
         stopped: str | None = None
         unfinished: StepContext | None = None
-        with meter_usage() as meter:
+        # With bars on screen, log lines (warnings, the per-step line) are written above them.
+        with meter_usage() as meter, (logging_redirect_tqdm() if progress else contextlib.nullcontext()):
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
                     state.test_scores.append((0, await evaluate_now(context(0, 0))))
@@ -328,6 +333,7 @@ class Minibatch:
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
         return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,
+                               progress=self._progress,
                                max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
                                failure_log=ctx.failure_log)
 

@@ -140,6 +140,10 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
     start = checkpoint.get("initial_parameters") or {}
     end = checkpoint.get("parameters") or {}
     lines += ["**At the start**", "", _values(start) if start else "(not recorded by this version)", ""]
+    best = checkpoint.get("best")
+    if best:
+        lines += [f"**At the best validation score** ({best['score']:.3f}, step {best['step']})", "",
+                  _values(best["parameters"]), ""]
     lines += ["**At the end**", "", _values(end) if end else "(no checkpoint yet)", ""]
     applied = [r for r in ledger if r.get("type") == "applied"]
     if applied:

@@ -35,6 +35,7 @@ def test_the_report_is_a_real_picture_and_a_table_of_steps(finished_run, tmp_pat
     assert "| 1 | 0.000 | accepted |" in table[1]
     text = (tmp_path / "report.md").read_text()
     assert "-level 0" in text and "+level 1" in text  # the diff of the accepted prompt
+    assert "**At the best validation score**" in text and "**At the end**" in text
 
 
 def test_the_report_works_on_a_stopped_run_and_an_old_ledger(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -49,6 +50,22 @@ def _demo(args: argparse.Namespace) -> int:
     if report.stopped_reason:
         print(f"stopped early: {report.stopped_reason}")
         return 1
+    return 0
+
+
+def _fake_server(args: argparse.Namespace) -> int:
+    from .testing import FakeOpenAIServer
+
+    reply = None if args.echo or args.reply is None else args.reply
+    with FakeOpenAIServer(reply=reply, latency=args.latency, port=args.port,
+                          rate_limit_rps=args.rate_limit) as server:
+        print(f"FakeOpenAIServer listening on {server.base_url} (Ctrl-C to stop)", flush=True)
+        print(f'  e.g. OpenAIModel("any", base_url="{server.base_url}", api_key="test")', flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+    print(f"stopped after {len(server.chat_requests)} chat requests", flush=True)
     return 0
 
 
@@ -218,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
+    fake = commands.add_parser("fake-server", help="run the offline fake OpenAI-compatible server in the foreground")
+    fake.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    fake.add_argument("--latency", type=float, default=0.0, help="seconds every chat request waits")
+    answer = fake.add_mutually_exclusive_group()
+    answer.add_argument("--reply", help="the text every chat completion answers")
+    answer.add_argument("--echo", action="store_true", help='answer "echo: <last user message>" (the default)')
+    fake.add_argument("--rate-limit", type=float, default=None, help="requests per second before 429s")
+    fake.set_defaults(handler=_fake_server)
     report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
     report.add_argument("run_dir", help="the run directory")
     report.add_argument("--out", help="the folder to write into (default: the run directory)")

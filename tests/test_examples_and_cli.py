@@ -136,3 +136,23 @@ def test_custom_example_with_two_proposals_exports_pairs_and_finetunes(tmp_path,
         adapter.switch_models(status, model)
         assert model.name == job["fine_tuned_model"]
         model.close()
+
+
+def test_the_fake_server_command_serves_until_stopped():
+    import signal
+
+    import httpx2
+
+    process = subprocess.Popen([sys.executable, "-m", "opto.cli", "fake-server", "--reply", "pong"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("FakeOpenAIServer listening on http://127.0.0.1:")
+        base_url = first.split(" on ", 1)[1].split(" ", 1)[0]
+        reply = httpx2.post(base_url + "/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                              "content": "ping"}]})
+        assert reply.json()["choices"][0]["message"]["content"] == "pong"
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0 and "stopped after 1 chat requests" in out

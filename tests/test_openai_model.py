@@ -602,3 +602,18 @@ async def test_a_used_up_quota_is_not_retried(server, make_model, backoff_calls)
     with pytest.raises(LLMRequestError, match="exceeded your current quota"):
         await make_model(max_retries=3).complete(MSG)
     assert len(server.chat_requests) == 1
+
+
+async def test_well_known_models_are_priced_without_configuration(server, make_model, caplog) -> None:
+    from opto.llm.prices import known_price
+
+    assert known_price("gpt-4o-mini") is not None and known_price("gpt-test") is None
+    model = make_model("gpt-4o-mini")
+    await model.complete(MSG)
+    assert model.usage.cost_usd > 0
+    caplog.set_level(logging.WARNING)
+    make_model("my-local-model", budget=Budget(max_cost_usd=1.0))
+    assert "has no known price, so Budget(max_cost_usd=1.0) cannot limit" in caplog.text
+    caplog.clear()
+    make_model("my-local-model", budget=Budget(max_cost_usd=1.0), prices={"my-local-model": {"input": 1, "output": 2}})
+    assert "no known price" not in caplog.text

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .cache import ResponseCache, request_key
+from .prices import known_price
 from .tracing import record_call
 from .types import Completion, Message, TokenUsage, valid_unicode, validate_messages
 from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
@@ -28,7 +29,8 @@ class Model(ABC):
         name: the model name sent to the backend and used in cache keys and prices.
         cache: a `ResponseCache`; a hit costs nothing and is counted in `usage.cached_calls`.
         budget: a `Budget` checked before every call that is not a cache hit.
-        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}};
+            a name not in it gets the maintained price table's (`opto.llm.prices`), if any.
     """
 
     def __init__(
@@ -45,6 +47,10 @@ class Model(ABC):
         self.prices = normalize_prices(prices)
         self._usage = UsageStats()
         self._usage_lock = threading.Lock()
+        if budget is not None and budget.max_cost_usd is not None and self.price is None:
+            logger.warning(
+                "%s has no known price, so Budget(max_cost_usd=%s) cannot limit what it spends; give "
+                "prices={%r: {'input': usd_per_1m_tokens, 'output': usd_per_1m_tokens}}", name, budget.max_cost_usd, name)
 
     @property
     def usage(self) -> UsageStats:
@@ -54,7 +60,8 @@ class Model(ABC):
 
     @property
     def price(self) -> Price | None:
-        return self.prices.get(self.name)
+        """USD per million tokens: `prices=` first, then the table of well-known models."""
+        return self.prices.get(self.name) or known_price(self.name)
 
     async def complete(
         self,

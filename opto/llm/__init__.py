@@ -3,11 +3,13 @@
 - `OpenAIModel`: OpenAI or any OpenAI-compatible server (vLLM, Ollama, llama.cpp).
 - `LocalModel`: a GGUF model in-process through llama-cpp-python (SmolLM2 by default).
 - `ScriptedModel`: replies from a script, for tests and examples.
+- `instrument(client)`: an OpenAI SDK client an agent calls directly, traced like a `Model`.
 """
 
 from .base import Model
 from .cache import ResponseCache
 from .errors import BudgetExceeded, LLMError, LLMRequestError, LLMUnavailableError
+from .instrument import Instrumented, instrument, uninstrument
 from .local import LocalModel
 from .openai_model import OpenAIModel
 from .scripted import ScriptedModel
@@ -19,6 +21,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "Completion",
+    "Instrumented",
     "LLMError",
     "LLMRequestError",
     "LLMUnavailableError",
@@ -31,5 +34,7 @@ __all__ = [
     "ScriptedModel",
     "TokenUsage",
     "UsageStats",
+    "instrument",
     "record_llm_calls",
+    "uninstrument",
 ]

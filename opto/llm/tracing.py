@@ -33,9 +33,12 @@ def record_llm_calls() -> Iterator[list[LLMCall]]:
         _TRACE.reset(token)
 
 
-def record_call(model: str, messages: list[Message], completion: Completion) -> None:
+def record_call(model: str, messages: list[Message], completion: Completion,
+                tool_calls: list[dict[str, Any]] | None = None) -> None:
+    """Append one call to the current run's trace (nothing happens outside a run)."""
     calls = _TRACE.get()
     if calls is not None:
-        calls.append(
-            {"model": model, "messages": messages, "response": completion.text, "cached": completion.cached}
-        )
+        call: LLMCall = {"model": model, "messages": messages, "response": completion.text, "cached": completion.cached}
+        if tool_calls:
+            call["tool_calls"] = tool_calls
+        calls.append(call)

@@ -87,3 +87,13 @@ def test_a_budget_stops_sdk_calls():
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}])
         handle.close()
         assert len(server.chat_requests) == 1
+
+
+def test_the_optimizer_prompt_shows_tool_calls_of_the_trace():
+    from opto.rollout import Rollout
+
+    trace = [{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "weather?"}], "response": "",
+              "cached": False, "tool_calls": [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]}]
+    messages = Optimizer(BRAIN).build_messages([Parameter("Answer.", name="prompt")],
+                                               Rollout(example_id="1", x="weather?", trace=trace))
+    assert '[tool calls] [{"id": "c1", "name": "get_weather"' in messages[-1]["content"]

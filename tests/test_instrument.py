@@ -96,4 +96,5 @@ def test_the_optimizer_prompt_shows_tool_calls_of_the_trace():
               "cached": False, "tool_calls": [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]}]
     messages = Optimizer(BRAIN).build_messages([Parameter("Answer.", name="prompt")],
                                                Rollout(example_id="1", x="weather?", trace=trace))
-    assert '[tool calls] [{"id": "c1", "name": "get_weather"' in messages[-1]["content"]
+    text = messages[-1]["content"]
+    assert "[tool calls] [" in text and '"name": "get_weather"' in text

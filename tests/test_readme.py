@@ -42,3 +42,11 @@ def test_readme_search_strategies_example_runs_as_written(capsys):
     before, after, demos = capsys.readouterr().out.strip().split(" ", 2)
     assert float(before) == 0.0 and float(after) == 1.0
     assert "'output': 'boxes'" in demos or "'output': 'foxes'" in demos
+
+
+def test_readme_sdk_agent_example_runs_as_written(capsys):
+    section = README.read_text().split("### Bring your own agent: the OpenAI SDK", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert out == "{'prompt': 'Reply in digits.'} 2"

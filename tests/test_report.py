@@ -1,6 +1,5 @@
 """`opto report`: a real PNG with the expected points, and a Markdown table with one row per step."""
 
-import json
 
 import matplotlib.image
 import pytest

@@ -46,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"final system prompt: {report.final_parameters.get('system_prompt')!r}")
     demos = report.final_parameters.get("demos") or []
     print("final demos: " + (", ".join(f"{d['input']!r} -> {d['output']!r}" for d in demos) or "none"))
-    print(f"time: {report.seconds:.1f} s   run dir: {report.run_dir} (ledger.jsonl, checkpoint.json, metrics.jsonl)")
+    print(f"time: {report.seconds:.1f} s   run dir: {report.run_dir} (see it with: opto report {report.run_dir})")
     if report.stopped_reason:
         print(f"stopped early: {report.stopped_reason}")
         return 1

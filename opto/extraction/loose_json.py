@@ -19,7 +19,9 @@ from typing import Any
 import json_repair
 import yaml
 
-__all__ = ["MAX_DEPTH", "PARSERS", "json_safe", "parse_exact", "scan_pairs", "to_json_types", "valid_text"]
+from ..llm.types import valid_unicode
+
+__all__ = ["MAX_DEPTH", "PARSERS", "json_safe", "parse_exact", "scan_pairs", "to_json_types"]
 
 #: Deeper values are refused: no parameter needs them, and they are a way to exhaust the stack.
 MAX_DEPTH = 64
@@ -27,18 +29,40 @@ _MAX_SCANS = 100  # brace scans per reply and quoting style; bounds the work on 
 _MISSING: Any = object()
 
 
-def to_json_types(value: Any, depth: int = 0) -> Any:
+def to_json_types(value: Any, depth: int = 0, *, strict: bool = False) -> Any:
     """Tuples and sets (from Python literals) become lists; dict keys become strings.
 
-    Raises ValueError past `MAX_DEPTH` levels, before the stack runs out.
+    Raises ValueError past `MAX_DEPTH` levels, before the stack runs out. With `strict`,
+    the result also survives a JSON round trip (`json_safe`): lone surrogates become
+    U+FFFD, other non-JSON scalars (a YAML date) their text, and NaN, infinity or a
+    number too large to write raise ValueError.
     """
     if depth > MAX_DEPTH:
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, dict):
-        return {str(k): to_json_types(v, depth + 1) for k, v in value.items()}
+        return {_key(k, strict): to_json_types(v, depth + 1, strict=strict) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [to_json_types(v, depth + 1) for v in value]
-    return value
+        return [to_json_types(v, depth + 1, strict=strict) for v in value]
+    if not strict or value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > 10_000:
+            raise ValueError("a number too large to write")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite number")
+        return value
+    return valid_unicode(value if isinstance(value, str) else str(value))
+
+
+def _key(key: Any, strict: bool) -> str:
+    return valid_unicode(str(key)) if strict else str(key)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` as JSON values that survive a round trip; ValueError when it cannot be."""
+    return to_json_types(value, strict=True)
 
 
 def parse_exact(text: str) -> Any:
@@ -388,35 +412,3 @@ def scan_pairs(text: str, containers: Iterable[str] = ()) -> dict[str, Any]:
         else:
             pos = end
     return found
-
-
-def valid_text(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
-def json_safe(value: Any, depth: int) -> Any:
-    """`value` as JSON values that survive a round trip; ValueError when it cannot be."""
-    if depth > MAX_DEPTH:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if value.bit_length() > 10_000:
-            raise ValueError("a number too large to write")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a finite number")
-        return value
-    if isinstance(value, str):
-        return valid_text(value)
-    if isinstance(value, dict):
-        return {valid_text(str(k)): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [json_safe(v, depth + 1) for v in value]
-    return valid_text(str(value))
-

@@ -18,7 +18,8 @@ from typing import Any
 from ..coercion import SkippedValue
 from ..errors import OptoError
 from ..parameters import _short
-from .loose_json import PARSERS, json_safe, parse_exact, scan_pairs, to_json_types, valid_text
+from ..llm.types import valid_unicode
+from .loose_json import PARSERS, json_safe, parse_exact, scan_pairs, to_json_types
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -200,9 +201,9 @@ def _checked(suggestion: dict[str, Any], method: str, terminate: bool) -> Extrac
     clean: dict[str, Any] = {}
     skipped: list[SkippedValue] = []
     for key, value in suggestion.items():
-        name = valid_text(str(key))
+        name = valid_unicode(str(key))
         try:
-            clean[name] = json_safe(value, 0)
+            clean[name] = json_safe(value)
         except ValueError as exc:
             skipped.append(SkippedValue(name, _short(value), str(exc)))
     if skipped:

@@ -19,29 +19,30 @@ from typing import Any
 
 from ._io import json_key
 
-__all__ = ["add_demo", "demo_key", "merge_demo_lists"]
+__all__ = ["add_demo", "merge_demo_lists", "shows_input"]
 
 
-def demo_key(value: Any) -> str:
-    """A stable identity for an input or output value (JSON text, keys sorted)."""
-    return json_key(value)
+def shows_input(demos: Sequence[dict[str, Any]], value: Any) -> bool:
+    """Whether a demo in `demos` already has `value` as its input."""
+    key = json_key(value)
+    return any(json_key(d["input"]) == key for d in demos)
 
 
 def add_demo(demos: Sequence[dict[str, Any]], new: dict[str, Any], max_demos: int) -> list[dict[str, Any]] | None:
     """`demos` with `new` added (replacing the least useful one when full); None when
     `new`'s input is already there."""
-    current = [dict(d) for d in demos]
-    if any(demo_key(d["input"]) == demo_key(new["input"]) for d in current):
+    if shows_input(demos, new["input"]):
         return None
+    current = [dict(d) for d in demos]
     if len(current) < max_demos:
         return [*current, dict(new)]
-    outputs = Counter(demo_key(d["output"]) for d in current)
+    outputs = Counter(json_key(d["output"]) for d in current)
     most_common, most = outputs.most_common(1)[0]
-    own = demo_key(new["output"])
+    own = json_key(new["output"])
     if outputs.get(own, 0) < most:
-        victim = next(i for i, d in enumerate(current) if demo_key(d["output"]) == most_common)
+        victim = next(i for i, d in enumerate(current) if json_key(d["output"]) == most_common)
     elif own in outputs:
-        victim = next(i for i, d in enumerate(current) if demo_key(d["output"]) == own)
+        victim = next(i for i, d in enumerate(current) if json_key(d["output"]) == own)
     else:
         victim = 0
     del current[victim]
@@ -62,26 +63,26 @@ def merge_demo_lists(
     with "yes"), then the one more proposals added, then the first proposed. The result
     depends only on `current` and the order of `proposed`.
     """
-    known = {demo_key(d["input"]) for d in current}
+    known = {json_key(d["input"]) for d in current}
     support: Counter[str] = Counter()
     first_seen: dict[str, dict[str, Any]] = {}
     for demos in proposed:
         for demo in demos:
-            key = demo_key(demo["input"])
+            key = json_key(demo["input"])
             if key in known:
                 continue
             support[key] += 1
             first_seen.setdefault(key, dict(demo))
     room = max(max_demos - len(current), max(1, max_demos // 2))
-    outputs = Counter(demo_key(d["output"]) for d in current)
+    outputs = Counter(json_key(d["output"]) for d in current)
     order = {key: index for index, key in enumerate(first_seen)}
     remaining = list(first_seen)
     picked: list[dict[str, Any]] = []
     while remaining and len(picked) < room:
-        key = min(remaining, key=lambda k: (outputs[demo_key(first_seen[k]["output"])], -support[k], order[k]))
+        key = min(remaining, key=lambda k: (outputs[json_key(first_seen[k]["output"])], -support[k], order[k]))
         remaining.remove(key)
         picked.append(first_seen[key])
-        outputs[demo_key(first_seen[key]["output"])] += 1
+        outputs[json_key(first_seen[key]["output"])] += 1
     merged = [dict(d) for d in current]
     for demo in reversed(picked):  # the first picked goes in last, so it is the last replaced
         merged = add_demo(merged, demo, max_demos) or merged

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import Field
 
 from .llm.base import Model
-from .demo_rules import add_demo, demo_key
+from .demo_rules import add_demo, shows_input
 from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
 from .rollout import Rollout
@@ -204,7 +204,7 @@ class DemoProposer:
         for param in targets:
             limit = min(param.max_demos, self.max_demos or param.max_demos)
             shown = param.value
-            if any(demo_key(d["input"]) == demo_key(new["input"]) for d in shown):
+            if shows_input(shown, new["input"]):
                 continue  # checked on the whole list, also past this proposer's limit
             demos = add_demo(shown[:limit], new, limit)
             if demos is None or demos == shown:

@@ -75,6 +75,10 @@ class Agent:
         """{name: value} as seen by the current task."""
         return {name: p.value for name, p in self.named_parameters().items()}
 
+    def stored_values(self, trainable_only: bool = False) -> dict[str, Any]:
+        """{name: stored value}, ignoring any assignment context (what a checkpoint keeps)."""
+        return {p.name: p.stored_value for p in self.parameters(trainable_only)}  # type: ignore[misc]
+
     def resolve(self, values: Mapping[Parameter | str, Any]) -> dict[Parameter, Any]:
         """Map names to this agent's parameters; an unknown name is an error."""
         named = self.named_parameters()
@@ -116,8 +120,7 @@ class Agent:
 
     def save(self, path: str | Path) -> None:
         """Write the stored parameter values as JSON."""
-        values = {name: p.stored_value for name, p in self.named_parameters().items()}
-        atomic_write_json(path, values)
+        atomic_write_json(path, self.stored_values())
 
     def load(self, path: str | Path) -> None:
         """Read values written by `save`; unknown names or bad values change nothing."""

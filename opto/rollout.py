@@ -103,15 +103,17 @@ async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_sc
         raise
     except Exception as exc:  # the agent's failure is data for the trainer
         logger.debug("agent failed on %s: %r", example.id, exc)
-        return {"score": min_score, "feedback": f"The agent raised {describe_error(exc)}", "error": f"agent: {describe_error(exc)}"}
+        problem = describe_error(exc)
+        return {"score": min_score, "feedback": f"The agent raised {problem}", "error": f"agent: {problem}"}
     try:
         feedback = await guide.aget_feedback(example.x, output, example.info)
     except BudgetExceeded:
         raise
     except Exception as exc:
         logger.debug("guide failed on %s: %r", example.id, exc)
-        return {"output": output, "score": min_score, "feedback": f"The guide raised {describe_error(exc)}",
-                "error": f"guide: {describe_error(exc)}"}
+        problem = describe_error(exc)
+        return {"output": output, "score": min_score, "feedback": f"The guide raised {problem}",
+                "error": f"guide: {problem}"}
     return {"output": output, "score": feedback.score, "feedback": feedback.feedback}
 
 

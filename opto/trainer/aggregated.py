@@ -124,7 +124,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if self.selection == "pareto" and self.pool:
             self._start_from_the_front(ctx)
         if ctx.step_record is not None:
-            ctx.step_record.start_values = {p.name: p.stored_value for p in self.agent.parameters()}
+            ctx.step_record.start_values = self.agent.stored_values()
         rollouts = await self._rollouts(batch, ctx)
         outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
         proposals = [p for o in outputs for p in o.proposals]
@@ -224,8 +224,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                      for c in candidates)
         for candidate, decision in zip(candidates, decisions):
             for rollout in decision.rollouts:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="validation", **{**rollout.to_record(),
-                                                                           "candidate_id": candidate.candidate_id}))
+                ctx.emit(RolloutEvent(step=ctx.step, phase="validation", candidate_id=candidate.candidate_id,
+                                      **rollout.to_record()))
             ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
         return decisions
 
@@ -245,7 +245,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=weights, mean=parent.mean))
 
     def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
-        current = self._stored_values()
+        current = self.agent.stored_values(trainable_only=True)
         parent = self.pool.find(current)
         if parent is None:  # the first validation: the starting values join the pool
             parent = self.pool.add(START_ID if not self.pool else f"step{ctx.step}-start", current,
@@ -262,15 +262,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if self.selection != "pareto" or not self.pool:
             return False
         best = self.pool.best()
-        if best.values == self._stored_values():
+        if best.values == self.agent.stored_values(trainable_only=True):
             return False
         logger.info("pareto selection: the run ends with candidate %s (validation mean %s)",
                     best.candidate_id, best.mean)
         self.agent.apply(best.values)
         return True
-
-    def _stored_values(self) -> dict[str, Any]:
-        return {p.name: p.stored_value for p in self.agent.parameters(trainable_only=True)}  # type: ignore[misc]
 
     # Helpers ---------------------------------------------------------------------------
 

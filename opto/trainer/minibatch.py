@@ -217,7 +217,7 @@ class Minibatch:
         writer = RunDirWriter(run) if run is not None else None
         state = self._start_state(run, resume, loader, config)
         if not state.initial_parameters:
-            state.initial_parameters = {p.name: p.stored_value for p in self.agent.parameters()}  # type: ignore[misc]
+            state.initial_parameters = self.agent.stored_values()
         self.load_state_dict(state.trainer_state)
         prior_usage = dict(state.usage)
         observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
@@ -276,7 +276,7 @@ class Minibatch:
                                     state.step, epoch, _fmt(record.score), decision, _fmt(record.candidate_score),
                                     spent.calls, spent.total_tokens, spent.cost_usd)
                 changed = self.finish()
-                state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+                state.parameters = self.agent.stored_values()
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
                     final = await evaluate_now(context(state.step, state.epoch))
                     if state.test_scores and state.test_scores[-1][0] == state.step:
@@ -359,7 +359,7 @@ class Minibatch:
         else:
             state.no_update += 1
         state.loader_state = loader.state_dict()
-        state.parameters = {p.name: p.stored_value for p in self.agent.parameters()}
+        state.parameters = self.agent.stored_values()
         state.trainer_state = self.state_dict()
         state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": record.score,
                                  "accepted": record.accepted, "candidate_score": record.candidate_score}
@@ -389,7 +389,7 @@ class Minibatch:
             no_update=state.no_update,
             usage=sum(state.usage.values(), UsageStats()),
             usage_by_model=state.usage,
-            final_parameters={p.name: p.stored_value for p in self.agent.parameters()},
+            final_parameters=self.agent.stored_values(),
             stopped_reason=stopped,
             run_dir=str(run.path) if run else None,
             seconds=round(time.monotonic() - started, 3),

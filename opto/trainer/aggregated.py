@@ -125,8 +125,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self._start_from_the_front(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
-        rollouts = await self._rollouts(batch, ctx)
-        outputs = await gather_all(self._propose(r, ctx) for r in rollouts)
+        rollouts, outputs = await self._rollouts_and_proposals(batch, ctx)
         proposals = [p for o in outputs for p in o.proposals]
         if self.score_proposals:
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
@@ -134,16 +133,44 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                   executor=self.executor)
         return await self._decide(rollouts, proposals, ctx)
 
-    async def _rollouts(self, batch: list[Example], ctx: StepContext) -> list[Rollout]:
-        """The agent and guide on every example under the current values."""
-        rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                           timeout=ctx.rollout_timeout)
-        for rollout in rollouts:
-            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
-        ctx.failure_log.note(rollouts, f"step {ctx.step}")
-        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
-        self._warn_unread(rollouts)
-        return rollouts
+    async def _rollouts_and_proposals(self, batch: list[Example], ctx: StepContext,
+                                      ) -> tuple[list[Rollout], list[InstanceOutput]]:
+        """The agent and guide on every example under the current values, and the proposers
+        on each rollout as soon as it is judged: no instance waits for the slowest rollout.
+
+        Each instance's events are collected apart and added in batch order once all are
+        in, so the ledger's order does not depend on which call came back first.
+        """
+        order = [e.id or "" for e in batch]  # unique: load_dataset refuses repeated ids
+        instances: dict[str, tuple[StepContext, asyncio.Future[InstanceOutput]]] = {}
+
+        def propose(rollout: Rollout) -> None:
+            own = ctx.model_copy(update={"step_record": StepRecord(step=ctx.step, epoch=ctx.epoch)})
+            instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own)))
+
+        try:
+            rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
+                                               timeout=ctx.rollout_timeout, on_result=propose)
+            for rollout in rollouts:
+                ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+            ctx.failure_log.note(rollouts, f"step {ctx.step}")
+            check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+            self._warn_unread(rollouts)
+            for rollout in rollouts:
+                if rollout.example_id not in instances:  # an executor that does not report rollouts as they finish
+                    propose(rollout)
+            outputs = await gather_all(instances[key][1] for key in order)
+        except BaseException:
+            for _, future in instances.values():
+                future.cancel()
+            await asyncio.gather(*(future for _, future in instances.values()), return_exceptions=True)
+            raise
+        finally:  # what was proposed is recorded, also when the step stops
+            for key in order:
+                if key in instances:
+                    for event in instances[key][0].step_record.events:  # type: ignore[union-attr]
+                        ctx.emit(event)
+        return rollouts, outputs
 
     async def _propose(self, rollout: Rollout, ctx: StepContext) -> InstanceOutput:
         """Every proposer's proposals for one instance (a failed rollout gets none)."""

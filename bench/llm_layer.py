@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
-import multiprocessing
 import os
 import platform
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+
+from fake_server_process import fake_server
 
 from opto.llm import OpenAIModel
-from opto.testing import FakeOpenAIServer
 
 MESSAGES = [{"role": "user", "content": "How many objects are in the box?"}]
 
@@ -37,74 +34,6 @@ MESSAGES = [{"role": "user", "content": "How many objects are in the box?"}]
 async def _run_calls(model: OpenAIModel, calls: int) -> None:
     completions = await asyncio.gather(*(model.complete(MESSAGES) for _ in range(calls)))
     assert all(c.text for c in completions)
-
-
-class _LocalServer:
-    """A FakeOpenAIServer in this process."""
-
-    def __init__(self, server: FakeOpenAIServer) -> None:
-        self.base_url = server.base_url
-        self._server = server
-
-    def set_latency(self, seconds: float) -> None:
-        self._server.latency = seconds
-
-    def stats(self) -> tuple[int, int]:
-        """(peak in flight, chat requests received)."""
-        return self._server.peak_in_flight, len(self._server.chat_requests)
-
-
-def _serve(conn: Any) -> None:
-    """Child process: run a FakeOpenAIServer and answer ("latency", s), ("stats", None), ("stop", None)."""
-    with FakeOpenAIServer() as server:
-        conn.send(server.base_url)
-        while True:
-            command, value = conn.recv()
-            if command == "latency":
-                server.latency = value
-                conn.send(None)
-            elif command == "stats":
-                conn.send((server.peak_in_flight, len(server.chat_requests)))
-            else:
-                conn.send(None)
-                return
-
-
-class _ChildServer:
-    """A FakeOpenAIServer in a child process, driven through a pipe."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self.base_url = conn.recv()
-
-    def _ask(self, command: str, value: Any = None) -> Any:
-        self._conn.send((command, value))
-        return self._conn.recv()
-
-    def set_latency(self, seconds: float) -> None:
-        self._ask("latency", seconds)
-
-    def stats(self) -> tuple[int, int]:
-        return tuple(self._ask("stats"))  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def fake_server(separate_process: bool) -> Iterator[_LocalServer | _ChildServer]:
-    if not separate_process:
-        with FakeOpenAIServer() as server:
-            yield _LocalServer(server)
-        return
-    parent, child = multiprocessing.Pipe()
-    process = multiprocessing.Process(target=_serve, args=(child,), daemon=True)
-    process.start()
-    try:
-        server = _ChildServer(parent)
-        yield server
-        server._ask("stop")
-    finally:
-        process.join(timeout=5)
-        if process.is_alive():
-            process.terminate()
 
 
 def measure(concurrency: int, calls: int, latency: float, separate_process: bool = False) -> dict[str, float]:

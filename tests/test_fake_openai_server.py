@@ -16,7 +16,7 @@ from openai.types import FileObject
 from openai.types.chat import ChatCompletion
 from openai.types.fine_tuning import FineTuningJob, FineTuningJobEvent
 
-from opto.testing import FakeOpenAIServer, FakeReply, RecordedRequest
+from opto.testing import FakeOpenAIServer, FakeReply, LognormalLatency, RecordedRequest
 
 USER = [{"role": "user", "content": "What is two plus two?"}]
 
@@ -210,6 +210,29 @@ async def test_peak_in_flight_counts_concurrent_requests(server, client) -> None
     assert len(replies) == 8
     assert server.peak_in_flight == 8
     assert time.monotonic() - started < 1.5  # handled in parallel, not one after another
+
+
+async def test_a_lognormal_latency_is_drawn_per_request_and_recorded(server, client) -> None:
+    server.latency = LognormalLatency(median=0.02, sigma=0.8, seed=3)
+    expected = LognormalLatency(median=0.02, sigma=0.8, seed=3)
+
+    started = time.monotonic()
+    for i in range(4):
+        await client.chat.completions.create(model=f"m{i}", messages=USER)
+    waited = time.monotonic() - started
+
+    drawn = server.chat_latencies
+    assert [body["model"] for body, _ in drawn] == ["m0", "m1", "m2", "m3"]
+    assert [seconds for _, seconds in drawn] == [expected.draw() for _ in range(4)]  # seeded
+    assert len({seconds for _, seconds in drawn}) == 4  # spread, not fixed
+    assert waited >= sum(seconds for _, seconds in drawn)
+
+
+def test_a_lognormal_latency_refuses_a_median_or_sigma_it_cannot_use() -> None:
+    with pytest.raises(ValueError, match="median must be > 0"):
+        LognormalLatency(median=0, sigma=0.5)
+    with pytest.raises(ValueError, match="sigma must be >= 0"):
+        LognormalLatency(median=0.1, sigma=-1)
 
 
 async def test_sequential_requests_have_peak_in_flight_one(server, client) -> None:

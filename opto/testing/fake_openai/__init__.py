@@ -17,6 +17,7 @@ without a network.
 from .chat import FakeReply
 from .fine_tuning import StoredFile
 from .http import RecordedRequest
+from .latency import LognormalLatency
 from .server import FakeOpenAIServer
 
-__all__ = ["FakeOpenAIServer", "FakeReply", "RecordedRequest", "StoredFile"]
+__all__ = ["FakeOpenAIServer", "FakeReply", "LognormalLatency", "RecordedRequest", "StoredFile"]

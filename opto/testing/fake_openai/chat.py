@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ...llm.types import content_text
 from .http import RecordedRequest, Response, error, estimate_tokens, json_response, new_id
+from .latency import LognormalLatency
 
 __all__ = ["CHAT_PATH", "ChatAPI", "FakeReply", "ReplyResult", "ReplySpec"]
 
@@ -60,7 +61,8 @@ class ChatAPI:
     _lock: threading.Lock
     requests: list[RecordedRequest]
 
-    def _init_chat(self, reply: ReplySpec, latency: float, model: str, rate_limit_rps: float | None) -> None:
+    def _init_chat(self, reply: ReplySpec, latency: float | LognormalLatency, model: str,
+                   rate_limit_rps: float | None) -> None:
         if isinstance(reply, list) and not reply:
             raise ValueError("reply list must not be empty")
         if rate_limit_rps is not None and rate_limit_rps <= 0:
@@ -76,6 +78,7 @@ class ChatAPI:
         self._reply_index = 0
         self._in_flight = 0
         self._peak_in_flight = 0
+        self._latencies: list[tuple[Any, float]] = []
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -83,10 +86,22 @@ class ChatAPI:
         return [r.json for r in self.requests if r.method == "POST" and urlsplit(r.path).path == CHAT_PATH]
 
     @property
+    def chat_latencies(self) -> list[tuple[Any, float]]:
+        """(JSON body, seconds waited) of each chat request that got past the rate limit,
+        in the order they arrived: the latencies the server actually drew."""
+        with self._lock:
+            return list(self._latencies)
+
+    @property
     def peak_in_flight(self) -> int:
         """The largest number of chat completion requests handled at the same moment."""
         with self._lock:
             return self._peak_in_flight
+
+    def reset_peak_in_flight(self) -> None:
+        """Start counting `peak_in_flight` afresh (e.g. after a warm-up)."""
+        with self._lock:
+            self._peak_in_flight = self._in_flight
 
     @property
     def rate_limited(self) -> int:
@@ -149,8 +164,10 @@ class ChatAPI:
             self._in_flight += 1
             self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
             fault = self._faults.popleft() if self._faults else None
+            latency = self.latency.draw() if isinstance(self.latency, LognormalLatency) else self.latency
+            self._latencies.append((request.json, latency))
         try:
-            if not self._sleep(self.latency):
+            if not self._sleep(latency):
                 return None
             return self._answer_chat(request.json, fault)
         finally:

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from .chat import CHAT_PATH, ChatAPI, ReplySpec
 from .fine_tuning import FineTuningAPI
 from .http import Handler, HTTPServer, RecordedRequest, Response, error
+from .latency import LognormalLatency
 
 __all__ = ["FakeOpenAIServer"]
 
@@ -29,7 +30,9 @@ class FakeOpenAIServer(ChatAPI, FineTuningAPI):
             a str is always returned; a list of str is returned in order, repeating the
             last one; a callable receives the request JSON and returns a str (used for
             every choice), a list of str (one per choice) or a `FakeReply`.
-        latency: seconds each chat request waits before answering (settable later).
+        latency: seconds each chat request waits before answering, or a
+            `LognormalLatency` to draw each request's wait from (settable later;
+            `chat_latencies` lists what was drawn).
         model: the model reported when a request names none.
         port: the port to listen on; 0 picks a free one.
         rate_limit_rps: when set, chat requests beyond this many per second (a token
@@ -49,7 +52,7 @@ class FakeOpenAIServer(ChatAPI, FineTuningAPI):
         self,
         reply: ReplySpec = None,
         *,
-        latency: float = 0.0,
+        latency: float | LognormalLatency = 0.0,
         model: str = "fake-model",
         port: int = 0,
         rate_limit_rps: float | None = None,

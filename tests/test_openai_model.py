@@ -456,6 +456,57 @@ async def test_key_is_sent_but_never_shown(server, make_model) -> None:
     assert KEY not in repr(model) and KEY not in str(model)
 
 
+async def test_requests_carry_the_sdk_headers_organization_and_project(server, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-test")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-test")
+    model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY)
+    try:
+        await model.complete(MSG)
+    finally:
+        await model.aclose()
+
+    headers = server.requests[-1].headers
+    assert headers["openai-organization"] == "org-test" and headers["openai-project"] == "proj-test"
+    assert headers["user-agent"].startswith("AsyncOpenAI/Python") and headers["content-type"] == "application/json"
+
+
+def test_the_proxy_comes_from_the_environment_and_no_proxy_is_honoured(monkeypatch) -> None:
+    from opto.llm._chat_http import _env_proxy
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert _env_proxy("https://api.openai.com/v1/chat/completions") == "http://proxy.example:3128"
+    assert _env_proxy("http://127.0.0.1:8000/v1/chat/completions") is None  # no HTTP_PROXY set
+    monkeypatch.setenv("NO_PROXY", "api.openai.com")
+    assert _env_proxy("https://api.openai.com/v1/chat/completions") is None
+
+
+async def test_a_refused_connection_is_retried_then_reported(backoff_calls) -> None:
+    with FakeOpenAIServer() as gone:
+        url = gone.base_url  # a port nobody listens on once the server stops
+    model = OpenAIModel("gpt-test", base_url=url, api_key=KEY, max_retries=2)
+    try:
+        with pytest.raises(LLMUnavailableError, match="gave up after 3 attempts: .*Connection error"):
+            await model.complete(MSG)
+    finally:
+        await model.aclose()
+    assert len(backoff_calls) == 2
+
+
+def test_a_model_that_is_never_closed_closes_its_connections_when_collected(server, recwarn) -> None:
+    import gc
+
+    model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY)
+    assert asyncio.run(model.complete(MSG)).text == ECHO
+    loop = model._loop
+    del model
+    gc.collect()
+    assert not loop.running
+    gc.collect()
+    assert not [w for w in recwarn if "nclosed" in str(w.message)]
+
+
 async def test_key_and_base_url_from_the_environment(server, monkeypatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)

@@ -21,6 +21,8 @@ __all__ = ["PromptTemplate", "render_json"]
 
 def render_json(value: Any, indent: int | None = 2) -> str:
     """Values are shown to models as JSON (never Python repr), unescaped for HTML."""
+    if not isinstance(value, (dict, list, tuple)):
+        indent = None  # the same text, from the C encoder (an indent makes json use Python's)
     return json.dumps(value, ensure_ascii=False, indent=indent, default=str)
 
 

@@ -92,7 +92,7 @@ class Model(ABC):
             "n": n,
             "seed": seed,
         }
-        keys = [request_key(request, i) for i in range(n)]
+        keys = [request_key(request, i) for i in range(n)] if self.cache is not None else []
         texts: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
         if self.cache is not None:

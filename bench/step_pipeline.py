@@ -15,7 +15,7 @@ avoid waiting for. Also reported: client CPU per LLM call (this process's CPU ti
 the step, divided by its calls), the server's peak requests in flight, and the
 aggregator's calls and prompt tokens.
 
-    python bench/step_pipeline.py                       # the full table, median of 3
+    python bench/step_pipeline.py                       # the full table: the median run of 3
     python bench/step_pipeline.py --batch 32 --repeat 9
     python bench/step_pipeline.py --cpu-only             # zero latency, B = 32: CPU per call
 """
@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 from typing import Any
@@ -115,7 +114,9 @@ def critical_path(calls: list[tuple[dict[str, Any], float]], batch: int, validat
 def measure(batch: int, validation: str, candidates: int, latency: Any, separate_process: bool) -> dict[str, Any]:
     """One step with fresh models and server, after a warm-up step at zero latency."""
     with fake_server(separate_process, reply=reply) as server:
-        llms = models(server.base_url, concurrency=max(16, 2 * batch))
+        # Enough slots for every call a step can have in flight (all candidates' validations
+        # at once), so what is measured is the pipeline, not a concurrency cap.
+        llms = models(server.base_url, concurrency=batch * (candidates + 1))
         try:
             one_step(llms, batch, validation, candidates)  # warm-up: loops, clients, connections
             before = len(server.latencies())
@@ -141,11 +142,12 @@ def measure(batch: int, validation: str, candidates: int, latency: Any, separate
 
 
 def median_run(repeat: int, latency: Any, **kwargs: Any) -> dict[str, Any]:
-    """Each figure's median over `repeat` runs (the ratio's median is taken on its own);
-    run i draws its latencies with seed + i."""
+    """The run with the median wall/path ratio out of `repeat`; run i draws its
+    latencies with seed + i."""
     runs = [measure(latency=LognormalLatency(latency.median, latency.sigma, latency.seed + i)
                     if isinstance(latency, LognormalLatency) else latency, **kwargs) for i in range(repeat)]
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    runs.sort(key=lambda run: (run["ratio"] if run["path"] else 0.0, run["cpu_per_call_ms"]))
+    return runs[len(runs) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:

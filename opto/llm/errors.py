@@ -1,7 +1,9 @@
 """One error hierarchy for every model backend."""
 
 from __future__ import annotations
+
 from ..errors import OptoError
+from .redaction import redact
 
 __all__ = [
     "describe_error",
@@ -15,8 +17,6 @@ __all__ = [
 def describe_error(error: BaseException | None, text: str | None = None, limit: int = 500) -> str:
     """"Type status: message" for an error (the status when it has one), with any API key
     it holds redacted: the one way errors are described in logs, ledgers and messages."""
-    from .redaction import redact
-
     if error is None:
         return "unknown error"
     status = getattr(error, "status_code", None)

@@ -8,13 +8,10 @@ table ships in the package: no network is needed.
 from __future__ import annotations
 
 import functools
-import logging
 
 from .usage import Price
 
 __all__ = ["known_price"]
-
-logger = logging.getLogger(__name__)
 
 _MILLION = 1_000_000
 

@@ -616,6 +616,16 @@ async def test_a_key_echoed_in_an_error_is_redacted_everywhere(server, make_mode
     assert KEY not in caplog.text
 
 
+def test_the_no_key_placeholder_is_not_treated_as_a_secret(server, monkeypatch) -> None:
+    from opto.llm.openai_model import NO_KEY
+    from opto.llm.redaction import redact
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    model = OpenAIModel("gpt-test", base_url=server.base_url)
+    model.close()
+    assert redact(f"sent {NO_KEY} to a local server") == f"sent {NO_KEY} to a local server"
+
+
 def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
     import json as json_module
 

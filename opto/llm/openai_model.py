@@ -25,6 +25,8 @@ __all__ = ["OpenAIModel"]
 
 logger = logging.getLogger(__name__)
 
+NO_KEY = "no-key-needed"  # sent to a custom base_url that needs no key
+
 # Failures worth another try without a status: unreachable, timed out, or a broken reply.
 _TRANSIENT = (
     openai.APIConnectionError,  # includes APITimeoutError
@@ -52,7 +54,7 @@ def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> 
                 f"{who} needs an API key: pass api_key=... or set OPENAI_API_KEY "
                 "(or pass base_url=... for an OpenAI-compatible server that needs none)"
             )
-        api_key = "no-key-needed"
+        return base_url, NO_KEY  # a placeholder, not a secret: never redacted
     remember_secret(api_key)
     return base_url, api_key
 

@@ -14,24 +14,24 @@ __all__ = ["REDACTED", "redact", "remember_secret"]
 REDACTED = "[REDACTED]"
 _MIN_LENGTH = 8  # shorter strings are not keys, and replacing them would mangle text
 
-_secrets: set[str] = set()
+_secrets: tuple[str, ...] = ()  # longest first: a key that contains another is replaced first
 _lock = threading.Lock()
 
 
 def remember_secret(secret: str | None) -> None:
     """Redact `secret` from now on (placeholders and short strings are ignored)."""
+    global _secrets
     if secret and len(secret) >= _MIN_LENGTH:
         with _lock:
-            _secrets.add(secret)
+            if secret not in _secrets:
+                _secrets = tuple(sorted((*_secrets, secret), key=len, reverse=True))
 
 
 def redact(text: str) -> str:
     """`text` with every remembered secret replaced by `REDACTED`."""
     if not _secrets or not text:
         return text
-    with _lock:
-        secrets = sorted(_secrets, key=len, reverse=True)  # a key that contains another goes first
-    for secret in secrets:
+    for secret in _secrets:  # a tuple replaced whole, so reading it needs no lock
         if secret in text:
             text = text.replace(secret, REDACTED)
     return text

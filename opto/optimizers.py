@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import Field
 
 from .llm.base import Model
+from .llm.tracing import bounded_trace
 from .demo_rules import add_demo, shows_input
 from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
@@ -67,6 +68,9 @@ class Optimizer:
         structured: ask for a JSON schema built from the parameters (constrained
             decoding where the backend supports it); False asks for plain JSON mode.
         name: labels its proposals in the ledger.
+        max_trace_chars: about how much of the agent's trace (its model calls, tool calls
+            and tool results) the prompt shows; a longer trace is cut in the middle with
+            a note saying what was left out.
 
     It keeps no state between calls, so any number of `propose` calls run at once.
     """
@@ -81,9 +85,12 @@ class Optimizer:
         max_tokens: int | None = 2048,
         structured: bool = True,
         name: str = "optimizer",
+        max_trace_chars: int = 24_000,
     ) -> None:
         if num_proposals < 1:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
+        if max_trace_chars < 1:
+            raise ValueError(f"max_trace_chars must be >= 1, got {max_trace_chars}")
         self.model = model
         self.template = PromptTemplate.resolve(template, "optimizer")
         self.num_proposals = num_proposals
@@ -91,12 +98,13 @@ class Optimizer:
         self.max_tokens = max_tokens
         self.structured = structured
         self.name = name
+        self.max_trace_chars = max_trace_chars
 
     def build_messages(self, parameters: Sequence[Parameter], instance: Rollout) -> list[dict[str, str]]:
         return self.template.render(
             parameters=[{**p.describe(), "trainable": _editable(p)} for p in parameters],
             x=instance.x,
-            trace=instance.trace,
+            trace=bounded_trace(instance.trace, self.max_trace_chars),
             output=instance.output,
             score=instance.score,
             feedback=instance.feedback,

@@ -1,4 +1,7 @@
-"""OpenAIModel against the offline FakeOpenAIServer (a real HTTP server on 127.0.0.1).
+"""OpenAIModel (and LiteLLMModel, through LiteLLM's OpenAI-compatible route) against the
+offline FakeOpenAIServer (a real HTTP server on 127.0.0.1).
+
+Every test that takes `make_model` runs once per backend: the contract is the same.
 
 Retries and Retry-After, the concurrency cap and rate limits as the server sees them,
 response_format fallback, truncation, timeouts, broken replies, budget, cache, event
@@ -17,11 +20,12 @@ from typing import Any
 
 import pytest
 
-import opto.llm.openai_model as openai_model_module
+import opto.llm.remote as remote_module
 from opto.llm import (
     Budget,
     BudgetExceeded,
     LLMRequestError,
+    LiteLLMModel,
     LLMUnavailableError,
     OpenAIModel,
     ResponseCache,
@@ -45,16 +49,24 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield srv
 
 
-@pytest.fixture
-def make_model(server: FakeOpenAIServer) -> Iterator[Callable[..., OpenAIModel]]:
-    """Models pointed at `server` with a test key; all closed after the test (before the server stops)."""
-    models: list[OpenAIModel] = []
+@pytest.fixture(params=["openai", "litellm"])
+def make_model(request: pytest.FixtureRequest, server: FakeOpenAIServer) -> Iterator[Callable[..., OpenAIModel]]:
+    """Models pointed at `server` with a test key, one backend per run of the test; all
+    closed after the test (before the server stops)."""
+    models: list[Any] = []
 
-    def make(name: str = "gpt-test", **kwargs: Any) -> OpenAIModel:
-        kwargs.setdefault("base_url", server.base_url)
-        kwargs.setdefault("api_key", KEY)
+    def make(name: str = "gpt-test", **kwargs: Any) -> Any:
         kwargs.setdefault("timeout", 5.0)
-        model = OpenAIModel(name, **kwargs)
+        if request.param == "litellm":
+            kwargs.setdefault("api_base", kwargs.pop("base_url", server.base_url))
+            kwargs.setdefault("api_key", KEY)
+            # LiteLLM's OpenAI route sends the name without its "openai/" prefix; the model
+            # keeps the plain name so usage and prices are those of the name the server sees.
+            model: Any = LiteLLMModel(name, custom_llm_provider="openai", **kwargs)
+        else:
+            kwargs.setdefault("base_url", server.base_url)
+            kwargs.setdefault("api_key", KEY)
+            model = OpenAIModel(name, **kwargs)
         models.append(model)
         return model
 
@@ -72,7 +84,7 @@ def backoff_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(attempt)
         return 0.01
 
-    monkeypatch.setattr(openai_model_module, "backoff_delay", fast_backoff)
+    monkeypatch.setattr(remote_module, "backoff_delay", fast_backoff)
     return calls
 
 

@@ -2,19 +2,23 @@
 
 - `OpenAIModel`: OpenAI or any OpenAI-compatible server (vLLM, Ollama, llama.cpp).
 - `LocalModel`: a GGUF model in-process through llama-cpp-python (SmolLM2 by default).
+- `LiteLLMModel`: any provider LiteLLM reaches (extra ``litellm``).
 - `ScriptedModel`: replies from a script, for tests and examples.
-- `instrument(client)`: an OpenAI SDK client an agent calls directly, traced like a `Model`.
+- `instrument(client)` / `instrument_litellm()`: an OpenAI SDK client or LiteLLM that an
+  agent calls directly, traced like a `Model`.
+- `tool_result(call, result)`: records a tool's result in the trace and makes its message.
 """
 
 from .base import Model
 from .cache import ResponseCache
 from .errors import BudgetExceeded, LLMError, LLMRequestError, LLMUnavailableError
-from .instrument import Instrumented, instrument, uninstrument
+from .instrument import Instrumented, instrument, instrument_litellm, uninstrument, uninstrument_litellm
+from .litellm_model import LiteLLMModel
 from .local import LocalModel
 from .openai_model import OpenAIModel
 from .scripted import ScriptedModel
-from .tracing import record_llm_calls
-from .types import Completion, Message, TokenUsage
+from .tracing import record_llm_calls, tool_result
+from .types import Completion, Message, TokenUsage, ToolCall
 from .usage import Budget, Price, UsageStats
 
 __all__ = [
@@ -25,6 +29,7 @@ __all__ = [
     "LLMError",
     "LLMRequestError",
     "LLMUnavailableError",
+    "LiteLLMModel",
     "LocalModel",
     "Message",
     "Model",
@@ -33,8 +38,12 @@ __all__ = [
     "ResponseCache",
     "ScriptedModel",
     "TokenUsage",
+    "ToolCall",
     "UsageStats",
     "instrument",
+    "instrument_litellm",
     "record_llm_calls",
+    "tool_result",
     "uninstrument",
+    "uninstrument_litellm",
 ]

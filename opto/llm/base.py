@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -11,7 +12,7 @@ from typing import Any
 from .cache import ResponseCache, request_key
 from .prices import known_price
 from .tracing import record_call
-from .types import Completion, Message, TokenUsage, valid_unicode, validate_messages
+from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, validate_messages
 from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
 
 __all__ = ["Model"]
@@ -72,8 +73,15 @@ class Model(ABC):
         max_tokens: int | None = None,
         n: int = 1,
         seed: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
         """Send a chat request and return `n` samples.
+
+        `tools` are function definitions in the OpenAI chat shape
+        ({"type": "function", "function": {"name", "description", "parameters"}}) and
+        `tool_choice` is "auto", "none", "required" or one function; the tool calls the
+        model asks for are in the completion's `tool_calls`.
 
         Raises `BudgetExceeded` before a call that would go over the budget, and an
         `LLMError` subclass when the backend fails for good.
@@ -83,6 +91,7 @@ class Model(ABC):
             raise ValueError(f"n must be a positive int, got {n!r}")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens!r}")
+        tool_options = _tool_options(tools, tool_choice)
         request = {
             "model": self.name,
             "messages": messages,
@@ -91,15 +100,17 @@ class Model(ABC):
             "max_tokens": max_tokens,
             "n": n,
             "seed": seed,
+            **tool_options,  # absent without tools, so the keys of earlier cached requests still match
         }
         keys = [request_key(request, i) for i in range(n)] if self.cache is not None else []
         texts: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
+        calls: list[list[ToolCall]] = [[] for _ in range(n)]
         if self.cache is not None:
             for i, key in enumerate(keys):
                 hit = self.cache.get(key)
                 if hit is not None:
-                    texts[i], reasons[i] = hit
+                    texts[i], reasons[i], calls[i] = hit
         missing = [i for i, text in enumerate(texts) if text is None]
         usage = TokenUsage()
         model_name = self.name
@@ -111,29 +122,35 @@ class Model(ABC):
                 max_tokens=max_tokens,
                 n=len(missing),
                 seed=seed,
+                **tool_options,
             )
             usage, model_name = fresh.usage, fresh.model or self.name
-            for i, text in zip(missing, fresh.texts):
+            for j, (i, text) in enumerate(zip(missing, fresh.texts)):
                 texts[i], reasons[i] = text, fresh.finish_reason
+                calls[i] = fresh.sample_tool_calls[j] if j < len(fresh.sample_tool_calls) else []
                 if self.cache is not None:
-                    self.cache.put(keys[i], text, fresh.finish_reason)
+                    self.cache.put(keys[i], text, fresh.finish_reason, calls[i])
         else:
             with self._usage_lock:
                 self._usage.cached_calls += 1
             charge_meters(self.name, None, 0.0)
         finish = "length" if "length" in reasons else (reasons[0] or "stop")
+        if finish == "stop" and any(calls):
+            finish = "tool_calls"
         completion = Completion(
-            texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing
+            texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing,
+            sample_tool_calls=calls if any(calls) else [],
         )
         if completion.truncated:
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
-        record_call(self.name, messages, completion)
+        record_call(self.name, messages, completion, tools=tools)
         return completion
 
     async def _paid_generate(self, messages: list[Message], **kwargs: Any) -> Completion:
         reservation = None
         if self.budget is not None:
             prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
+            prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
             reservation = self.budget.reserve(prompt_estimate, self.price)
         try:
             fresh = await self._generate(messages, **kwargs)
@@ -164,7 +181,12 @@ class Model(ABC):
         n: int,
         seed: int | None,
     ) -> Completion:
-        """Call the backend once for `n` samples (no cache, no budget: `complete` does those)."""
+        """Call the backend once for `n` samples (no cache, no budget: `complete` does those).
+
+        With tools, `complete` also passes `tools` and `tool_choice` (never without, so a
+        backend written before tools existed keeps working); a backend that cannot call
+        tools raises `LLMRequestError` for them.
+        """
 
     async def aclose(self) -> None:
         """Release the backend's resources (connections, threads)."""
@@ -174,3 +196,22 @@ class Model(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def _tool_options(tools: Any, tool_choice: Any) -> dict[str, Any]:
+    """{"tools": ..., "tool_choice": ...} as given (checked), or {} without tools."""
+    if tools is None:
+        if tool_choice is not None:
+            raise ValueError("tool_choice needs tools: pass tools=[...] too")
+        return {}
+    if not isinstance(tools, list) or not tools:
+        raise ValueError("tools must be a non-empty list of {'type': 'function', 'function': {...}} dicts")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
+                             f"'parameters': {{...}}}}}}, got {tool!r}")
+    options: dict[str, Any] = {"tools": tools}
+    if tool_choice is not None:
+        options["tool_choice"] = tool_choice
+    return options

@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .types import ToolCall
+
 __all__ = ["ResponseCache", "request_key"]
 
 
@@ -23,7 +25,7 @@ def request_key(request: dict[str, Any], sample_index: int) -> str:
 
 
 class ResponseCache:
-    """Maps a request key to one sample's text and finish reason.
+    """Maps a request key to one sample's text, finish reason and tool calls.
 
     Safe to share between models and threads; every write is committed at once, so
     what was paid for survives a crash.
@@ -38,23 +40,30 @@ class ResponseCache:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, text TEXT NOT NULL, finish_reason TEXT)"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
+        if "tool_calls" not in columns:  # a cache file written before tool calls were cached
+            self._db.execute("ALTER TABLE responses ADD COLUMN tool_calls TEXT")
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: str) -> tuple[str, str | None] | None:
+    def get(self, key: str) -> tuple[str, str | None, list[ToolCall]] | None:
+        """(text, finish reason, tool calls) of a cached sample, or None."""
         with self._lock:
-            row = self._db.execute("SELECT text, finish_reason FROM responses WHERE key = ?", (key,)).fetchone()
+            row = self._db.execute("SELECT text, finish_reason, tool_calls FROM responses WHERE key = ?",
+                                   (key,)).fetchone()
             if row is None:
                 self.misses += 1
                 return None
             self.hits += 1
-            return row[0], row[1]
+        calls = [ToolCall.model_validate(call) for call in json.loads(row[2])] if row[2] else []
+        return row[0], row[1], calls
 
-    def put(self, key: str, text: str, finish_reason: str | None) -> None:
+    def put(self, key: str, text: str, finish_reason: str | None, tool_calls: list[ToolCall] | None = None) -> None:
+        calls = json.dumps([call.model_dump() for call in tool_calls]) if tool_calls else None
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO responses (key, text, finish_reason) VALUES (?, ?, ?)",
-                (key, text, finish_reason),
+                "INSERT OR REPLACE INTO responses (key, text, finish_reason, tool_calls) VALUES (?, ?, ?, ?)",
+                (key, text, finish_reason, calls),
             )
 
     def __len__(self) -> int:

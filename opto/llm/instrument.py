@@ -1,11 +1,13 @@
-"""Seeing model calls that do not go through opto's `Model`: an instrumented OpenAI client.
+"""Seeing model calls that do not go through opto's `Model`: instrumented OpenAI clients and LiteLLM.
 
-Most agents call the OpenAI SDK directly. `instrument(client)` wraps the client's
-`chat.completions.create` (sync `openai.OpenAI` or async `openai.AsyncOpenAI`) so every
+Most agents call the OpenAI SDK or LiteLLM directly. `instrument(client)` wraps the
+client's `chat.completions.create` (sync `openai.OpenAI` or async `openai.AsyncOpenAI`),
+and `instrument_litellm()` wraps `litellm.completion` and `litellm.acompletion`, so every
 call made inside a rollout is recorded in that rollout's trace exactly as a `Model`
-call is (messages, reply, tool calls, model, usage), counts towards the run's usage,
-and is checked against a `Budget`. Outside a rollout nothing is recorded; usage and the
-budget still count. `uninstrument(client)` (or the handle's `close()`) restores the client.
+call is (messages, reply, tool calls, tools offered, model, usage), counts towards the
+run's usage, and is checked against a `Budget`. Outside a rollout nothing is recorded;
+usage and the budget still count. `uninstrument(client)` / `uninstrument_litellm()` (or
+the handle's `close()`) restore the originals.
 """
 
 from __future__ import annotations
@@ -17,26 +19,27 @@ from typing import Any
 
 from .prices import known_price
 from .tracing import record_call
-from .types import Completion, TokenUsage, content_text, validate_messages
+from .types import Completion, TokenUsage, content_text, tool_calls_of, validate_messages
 from .usage import Budget, Price, charge_meters, cost_of, estimate_tokens, normalize_prices
 
-__all__ = ["Instrumented", "instrument", "uninstrument"]
+__all__ = ["Instrumented", "instrument", "instrument_litellm", "uninstrument", "uninstrument_litellm"]
 
 _ATTRIBUTE = "_opto_instrumented"
 
 
 class Instrumented:
-    """The handle of an instrumented client: `close()` restores it."""
+    """The handle of an instrumented client (or of LiteLLM): `close()` restores the originals."""
 
-    def __init__(self, client: Any, original: Any) -> None:
-        self.client = client
-        self._original = original
+    def __init__(self, owner: Any, originals: dict[str, Any], marked: Any) -> None:
+        self.client = owner  # the object whose functions were replaced
+        self._originals = originals
+        self._marked = marked  # where the handle is noted, to refuse instrumenting twice
 
     def close(self) -> None:
-        completions = self.client.chat.completions
-        completions.create = self._original
-        if getattr(self.client, _ATTRIBUTE, None) is self:
-            delattr(self.client, _ATTRIBUTE)
+        for name, original in self._originals.items():
+            setattr(self.client, name, original)
+        if getattr(self._marked, _ATTRIBUTE, None) is self:
+            delattr(self._marked, _ATTRIBUTE)
 
 
 def instrument(client: Any, *, budget: Budget | None = None,
@@ -45,7 +48,46 @@ def instrument(client: Any, *, budget: Budget | None = None,
     if getattr(client, _ATTRIBUTE, None) is not None:
         raise ValueError("this client is already instrumented; call uninstrument(client) first")
     completions = client.chat.completions
-    original = completions.create
+    handle = Instrumented(completions, {"create": completions.create}, client)
+    completions.create = _traced(completions.create, budget, prices)
+    setattr(client, _ATTRIBUTE, handle)
+    return handle
+
+
+def instrument_litellm(*, budget: Budget | None = None,
+                       prices: Mapping[str, Price | Mapping[str, float]] | None = None) -> Instrumented:
+    """Record `litellm.completion` and `litellm.acompletion` calls like an instrumented client's.
+
+    Code must call them through the module (`litellm.completion(...)`): a name imported
+    before with `from litellm import completion` still points at the original function.
+    """
+    from .litellm_model import import_litellm
+
+    litellm = import_litellm()
+    if getattr(litellm, _ATTRIBUTE, None) is not None:
+        raise ValueError("LiteLLM is already instrumented; call uninstrument_litellm() first")
+    originals = {"completion": litellm.completion, "acompletion": litellm.acompletion}
+    handle = Instrumented(litellm, originals, litellm)
+    for name, original in originals.items():
+        setattr(litellm, name, _traced(original, budget, prices, positional=("model", "messages")))
+    setattr(litellm, _ATTRIBUTE, handle)
+    return handle
+
+
+def uninstrument_litellm() -> None:
+    """Restore `litellm.completion` and `litellm.acompletion` (nothing happens when they are not wrapped)."""
+    import sys
+
+    litellm = sys.modules.get("litellm")
+    handle = getattr(litellm, _ATTRIBUTE, None) if litellm is not None else None
+    if handle is not None:
+        handle.close()
+
+
+def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | Mapping[str, float]] | None,
+            positional: tuple[str, ...] = ()) -> Any:
+    """`original` (a chat completion function, sync or async) recording every call.
+    `positional` names its leading positional parameters (LiteLLM's model and messages)."""
     table = normalize_prices(prices)
 
     def price_of(model: str) -> Price | None:
@@ -54,7 +96,7 @@ def instrument(client: Any, *, budget: Budget | None = None,
     def before(kwargs: dict[str, Any]) -> tuple[int, float] | None:
         if budget is None:
             return None
-        prompt = sum(estimate_tokens(content_text(m.get("content"))) for m in kwargs.get("messages") or [])
+        prompt = sum(estimate_tokens(content_text(_plain(m).get("content"))) for m in kwargs.get("messages") or [])
         return budget.reserve(prompt, price_of(str(kwargs.get("model", ""))))
 
     def after(kwargs: dict[str, Any], response: Any, reservation: tuple[int, float] | None) -> None:
@@ -66,11 +108,12 @@ def instrument(client: Any, *, budget: Budget | None = None,
         choices = getattr(response, "choices", None) or []
         texts = [getattr(c.message, "content", None) or "" for c in choices]
         reasons = [getattr(c, "finish_reason", None) for c in choices]
-        tool_calls = [_tool_calls(c.message) for c in choices]
+        calls = [tool_calls_of(c.message) for c in choices]
         completion = Completion(texts=texts or [""], finish_reason="length" if "length" in reasons else "stop",
-                                usage=usage, model=model)
-        messages = validate_messages(list(kwargs.get("messages") or []) or [{"role": "user", "content": ""}])
-        record_call(model, messages, completion, tool_calls=[t for ts in tool_calls for t in ts] or None)
+                                usage=usage, model=model, sample_tool_calls=calls if any(calls) else [])
+        messages = validate_messages([_plain(m) for m in kwargs.get("messages") or []]
+                                     or [{"role": "user", "content": ""}])
+        record_call(model, messages, completion, tools=kwargs.get("tools"))
 
     def failed(reservation: tuple[int, float] | None, model: str) -> None:
         if budget is not None and reservation is not None:
@@ -78,31 +121,29 @@ def instrument(client: Any, *, budget: Budget | None = None,
 
     @functools.wraps(original)
     def create(*args: Any, **kwargs: Any) -> Any:
-        reservation = before(kwargs)
+        request = {**dict(zip(positional, args)), **kwargs}
+        reservation = before(request)
         try:
             response = original(*args, **kwargs)
         except BaseException:
-            failed(reservation, str(kwargs.get("model", "")))
+            failed(reservation, str(request.get("model", "")))
             raise
-        if not inspect.isawaitable(response):  # openai.OpenAI
-            after(kwargs, response, reservation)
+        if not inspect.isawaitable(response):  # openai.OpenAI, litellm.completion
+            after(request, response, reservation)
             return response
 
-        async def finish() -> Any:  # openai.AsyncOpenAI: recorded in the awaiting task's trace
+        async def finish() -> Any:  # openai.AsyncOpenAI, litellm.acompletion: in the awaiting task's trace
             try:
                 result = await response
             except BaseException:
-                failed(reservation, str(kwargs.get("model", "")))
+                failed(reservation, str(request.get("model", "")))
                 raise
-            after(kwargs, result, reservation)
+            after(request, result, reservation)
             return result
 
         return finish()
 
-    completions.create = create
-    handle = Instrumented(client, original)
-    setattr(client, _ATTRIBUTE, handle)
-    return handle
+    return create
 
 
 def uninstrument(client: Any) -> None:
@@ -120,8 +161,9 @@ def _usage_of(response: Any) -> TokenUsage:
                       completion_tokens=getattr(usage, "completion_tokens", 0) or 0)
 
 
-def _tool_calls(message: Any) -> list[dict[str, Any]]:
-    calls = getattr(message, "tool_calls", None) or []
-    return [{"id": getattr(c, "id", None), "name": getattr(getattr(c, "function", None), "name", None),
-             "arguments": getattr(getattr(c, "function", None), "arguments", None)} for c in calls]
+def _plain(message: Any) -> Any:
+    """A message as a dict: agents append the SDK's reply message objects to the conversation."""
+    if hasattr(message, "model_dump"):
+        return message.model_dump(exclude_none=True)
+    return message
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Model
-from .errors import LLMError
+from .errors import LLMError, LLMRequestError
 from .types import Completion, Message, TokenUsage
 
 __all__ = ["LocalModel", "default_model_path"]
@@ -97,7 +97,14 @@ class LocalModel(Model):
         max_tokens: int | None,
         n: int,
         seed: int | None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
+        if tools is not None:
+            # llama.cpp's tool calling needs a function-calling chat format the small
+            # default model was not trained for: refuse clearly rather than ignore tools.
+            raise LLMRequestError(f"{self.name}: LocalModel does not support tools; serve the model with an "
+                                  "OpenAI-compatible server that does and use OpenAIModel")
         kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
         if response_format is not None:
             kwargs["response_format"] = _llama_format(response_format)

@@ -2,42 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import os
-import weakref
 from typing import Any
 
 import openai
 
 from ._chat_http import ChatPoster
-from ._loop import BackgroundLoop
-from .base import Model
-from .errors import LLMRequestError, LLMUnavailableError, describe_error
-from .ratelimit import RateLimiter
-from .redaction import redact, remember_secret
-from .retry import backoff_delay, retry_after_delay, retry_after_seconds
-from .types import Completion, Message, TokenUsage
-from .usage import estimate_tokens
+from .redaction import remember_secret
+from .remote import RemoteChatModel
 
 __all__ = ["OpenAIModel"]
 
-logger = logging.getLogger(__name__)
-
 NO_KEY = "no-key-needed"  # sent to a custom base_url that needs no key
-
-# Failures worth another try without a status: unreachable, timed out, or a broken reply.
-_TRANSIENT = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    openai.APIResponseValidationError,
-    json.JSONDecodeError,
-)
-
-
-def _is_transient_status(status: int) -> bool:
-    """Busy, broken for a moment, request timeout or conflict (as the SDK retries them)."""
-    return status in (408, 409, 429) or status >= 500
 
 
 def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> tuple[str | None, str]:
@@ -59,11 +35,7 @@ def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> 
     return base_url, api_key
 
 
-class _MalformedReply(Exception):
-    """A 200 reply without usable choices."""
-
-
-class OpenAIModel(Model):
+class OpenAIModel(RemoteChatModel):
     """A chat model behind the OpenAI API or any server that speaks it.
 
     Args:
@@ -104,183 +76,17 @@ class OpenAIModel(Model):
         budget: Any = None,
         prices: Any = None,
     ) -> None:
-        super().__init__(model, cache=cache, budget=budget, prices=prices)
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        if rate_limit_patience < 0:
-            raise ValueError(f"rate_limit_patience must be >= 0 seconds, got {rate_limit_patience}")
         self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIModel")
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.rate_limit_patience = rate_limit_patience
-        self._limits = RateLimiter(requests_per_minute, tokens_per_minute)
-        self._loop = BackgroundLoop(f"opto-openai-{model}")
-        self._open: list[ChatPoster] = []  # the client, once made (shared with the finalizer)
-        self._semaphore: asyncio.Semaphore | None = None
-        # Formats this server rejected: json_schema falls back to json_object, then to none.
-        self._rejected_formats: set[str] = set()
-        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+        super().__init__(model, max_concurrency=max_concurrency, requests_per_minute=requests_per_minute,
+                         tokens_per_minute=tokens_per_minute, timeout=timeout, max_retries=max_retries,
+                         rate_limit_patience=rate_limit_patience, cache=cache, budget=budget, prices=prices)
+
+    _thread_label = "openai"
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"OpenAIModel({self.name!r}, base_url={self.base_url!r})"
 
-    def _ensure_client(self) -> ChatPoster:
-        # Runs on the private loop, so the client's connections belong to it.
-        if not self._open:
-            client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
-                                        max_retries=0)
-            self._open.append(ChatPoster(client, self.timeout))
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        return self._open[0]
-
-    async def _generate(
-        self,
-        messages: list[Message],
-        *,
-        response_format: dict[str, Any] | None,
-        temperature: float | None,
-        max_tokens: int | None,
-        n: int,
-        seed: int | None,
-    ) -> Completion:
-        params: dict[str, Any] = {"model": self.name, "messages": messages}
-        if temperature is not None:
-            params["temperature"] = temperature
-        if max_tokens is not None:
-            params["max_tokens"] = max_tokens
-        if n != 1:
-            params["n"] = n
-        if seed is not None:
-            params["seed"] = seed
-        if response_format is not None:
-            params["response_format"] = response_format
-        return await self._loop.run(self._request_with_retries(params))
-
-    async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
-        client = self._ensure_client()
-        assert self._semaphore is not None
-        estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in params["messages"])
-        last_error: BaseException | None = None
-        attempt = 0
-        handle = None
-        patience_ends = asyncio.get_running_loop().time() + self.rate_limit_patience
-        while True:
-            # A failed attempt's estimate leaves the token window: it was not served.
-            self._limits.record_actual(handle, 0)
-            handle = None
-            _downgrade_format(params, self._rejected_formats)
-            delay: float | None = None
-            try:
-                async with self._semaphore:
-                    # Inside the slot, so the rate limits count requests when they are sent.
-                    handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
-                    reply = await client.post(params)
-                completion = self._to_completion(reply, estimate)
-                self._limits.record_actual(handle, completion.usage.total_tokens)
-                return completion
-            except openai.APIStatusError as exc:
-                kind = (params.get("response_format") or {}).get("type")
-                # Servers reject a schema or JSON mode with a 400, some (llama-cpp-python's)
-                # with a 500: step down. A request sent before a concurrent one recorded the
-                # rejection steps down too.
-                if kind and exc.status_code in (400, 500) and _about_response_format(exc):
-                    if kind not in self._rejected_formats:
-                        logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
-                                       redact(exc.message))
-                        self._rejected_formats.add(kind)
-                    continue
-                if not _is_transient_status(exc.status_code) or getattr(exc, "code", None) == "insufficient_quota":
-                    # A used-up quota is a 429 that waiting does not cure.
-                    raise LLMRequestError(f"{self.name}: request rejected: {redact(exc.message)}",
-                                          exc.status_code) from _keyless(exc)
-                last_error = exc
-                if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
-                    # Rate limited: wait as asked (with jitter), without using up a retry.
-                    delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
-                    logger.warning("%s: %s; rate limited, retrying in %.2fs", self.name, describe_error(exc), delay)
-                    await asyncio.sleep(delay)
-                    continue
-                delay = retry_after_seconds(exc.response.headers)
-            except (*_TRANSIENT, _MalformedReply) as exc:
-                last_error, delay = exc, None
-            attempt += 1
-            if attempt > self.max_retries:
-                break
-            delay = backoff_delay(attempt - 1) if delay is None else retry_after_delay(delay, attempt - 1)
-            logger.warning(
-                "%s: %s; retry %d/%d in %.2fs", self.name, describe_error(last_error), attempt, self.max_retries, delay
-            )
-            await asyncio.sleep(delay)
-        self._limits.record_actual(handle, 0)
-        raise LLMUnavailableError(
-            f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}",
-            attempts=attempt,
-        ) from _keyless(last_error)
-
-    def _to_completion(self, body: Any, prompt_estimate: int) -> Completion:
-        choices = body.get("choices") if isinstance(body, dict) else None
-        if not choices or not all(isinstance(c, dict) for c in choices):
-            raise _MalformedReply(f"reply has no choices: {str(body)[:200]}")
-        texts = [(choice.get("message") or {}).get("content") or "" for choice in choices]
-        reasons = [choice.get("finish_reason") for choice in choices]
-        usage = body.get("usage") or {}
-        if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
-            tokens = TokenUsage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage.get("completion_tokens") or 0)
-        else:
-            tokens = TokenUsage(prompt_tokens=prompt_estimate, completion_tokens=sum(map(estimate_tokens, texts)))
-        return Completion(
-            texts=texts,
-            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
-            usage=tokens,
-            model=body.get("model") or self.name,
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client and stop the private loop."""
-        if self._loop.running and self._open:
-            await self._loop.run(self._open.pop().close())
-        await asyncio.to_thread(self._loop.stop)
-
-    def close(self) -> None:
-        """Close the HTTP client and stop the private loop (the model can still be used: both restart)."""
-        _shut_down(self._loop, self._open)
-
-
-def _shut_down(loop: BackgroundLoop, open_clients: list[ChatPoster]) -> None:
-    """Close the client on its loop, then stop the loop (also when the model is collected)."""
-    if loop.running and open_clients:
-        loop.run_sync(open_clients.pop().close(), timeout=10)
-    loop.stop()
-
-
-def _downgrade_format(params: dict[str, Any], rejected: set[str]) -> None:
-    """Replace a response_format the server rejected by the next weaker one."""
-    kind = (params.get("response_format") or {}).get("type")
-    if kind == "json_schema" and kind in rejected:
-        params["response_format"] = {"type": "json_object"}
-        kind = "json_object"
-    if kind is not None and kind in rejected:
-        params.pop("response_format")
-
-
-_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "json mode", "structured output")
-
-
-def _about_response_format(exc: openai.APIStatusError) -> bool:
-    """Whether an error is about the response format (not, say, a prompt over the context length)."""
-    text = f"{exc.param or ''} {exc.message}".lower()
-    return any(word in text for word in _FORMAT_WORDS)
-
-
-def _keyless(error: BaseException | None) -> BaseException | None:
-    """The error to chain as the cause, unless its text holds a key (then none: a
-    traceback printed later must not show it)."""
-    if error is None:
-        return None
-    text = f"{error} {getattr(error, 'message', '')} {getattr(error, 'body', '')}"
-    return None if redact(text) != text else error
+    def _new_poster(self) -> ChatPoster:
+        client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
+                                    max_retries=0)
+        return ChatPoster(client, self.timeout)

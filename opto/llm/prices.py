@@ -18,14 +18,22 @@ _MILLION = 1_000_000
 
 @functools.lru_cache(maxsize=256)
 def known_price(model: str) -> Price | None:
-    """USD per million input and output tokens for `model`, or None when the table has no such model."""
+    """USD per million input and output tokens for `model`, or None when the table has no such model.
+
+    A LiteLLM-style "provider/model" name is looked up as that provider's model.
+    """
     try:
         from genai_prices import Usage, calc_price
     except ImportError:  # pragma: no cover - a dependency, but a price table is never worth a crash
         return None
-    try:
-        input_price = calc_price(Usage(input_tokens=_MILLION, output_tokens=0), model_ref=model).total_price
-        output_price = calc_price(Usage(input_tokens=0, output_tokens=_MILLION), model_ref=model).total_price
-    except (LookupError, ValueError):
-        return None
-    return Price(input=float(input_price), output=float(output_price))
+    provider, _, name = model.rpartition("/")
+    for ref, provider_id in ((model, None), (name, provider or None)):
+        try:
+            input_price = calc_price(Usage(input_tokens=_MILLION, output_tokens=0), model_ref=ref,
+                                     provider_id=provider_id).total_price
+            output_price = calc_price(Usage(input_tokens=0, output_tokens=_MILLION), model_ref=ref,
+                                      provider_id=provider_id).total_price
+        except (LookupError, ValueError):
+            continue
+        return Price(input=float(input_price), output=float(output_price))
+    return None

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 from .base import Model
-from .errors import LLMError
-from .types import Completion, Message, TokenUsage
+from .errors import LLMError, LLMRequestError
+from .types import Completion, Message, TokenUsage, ToolCall
 from .usage import estimate_tokens
 
 __all__ = ["ScriptedModel"]
@@ -21,8 +21,9 @@ class ScriptedModel(Model):
 
     Args:
         responses: a list of replies returned in order, one per sample (an item may be
-            a str, a `Completion` to set `finish_reason`, or an exception to raise), or a
-            callable `fn(messages) -> str` (sync or async) called once per sample.
+            a str, a `Completion` to set `finish_reason` or `sample_tool_calls`, or an
+            exception to raise), or a callable `fn(messages) -> str | Completion` (sync or
+            async) called once per sample.
         name: the model name (used in cache keys and usage).
 
     Every request is recorded in `requests` (the keyword arguments and messages).
@@ -55,20 +56,27 @@ class ScriptedModel(Model):
     async def _generate(self, messages: list[Message], **kwargs: Any) -> Completion:
         self.requests.append({"messages": messages, **kwargs})
         texts: list[str] = []
+        calls: list[list[ToolCall]] = []
         finish = "stop"
         for _ in range(kwargs["n"]):
             item = await self._next(messages)
             if isinstance(item, BaseException):
                 raise item
+            sample_calls: list[ToolCall] = []
             if isinstance(item, Completion):
                 finish = item.finish_reason if item.truncated else finish
-                item = item.text
+                item, sample_calls = item.text, item.tool_calls
             if not isinstance(item, str):
                 raise TypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
+            if sample_calls and "tools" not in kwargs:
+                raise LLMRequestError(f"ScriptedModel {self.name!r}: a scripted tool call answers a request "
+                                      "without tools=")
             texts.append(item)
-        prompt = sum(estimate_tokens(str(m["content"])) for m in messages)
+            calls.append(sample_calls)
+        prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
         usage = TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
-        return Completion(texts=texts, finish_reason=finish, usage=usage, model=self.name)
+        return Completion(texts=texts, finish_reason=finish, usage=usage, model=self.name,
+                          sample_tool_calls=calls if any(calls) else [])
 
     async def _next(self, messages: list[Message]) -> Any:
         if self._fn is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -29,6 +30,9 @@ class FakeReply:
             whose message is the text(s).
         prompt_tokens: reported usage; estimated from the messages when None.
         completion_tokens: reported usage; estimated from the texts when None.
+        tool_calls: tool calls every choice asks for, each {"name": ..., "arguments": a dict
+            or JSON text} (an "id" is made up when missing); the finish reason is then
+            "tool_calls" and an empty text is sent as content null, as OpenAI does.
     """
 
     texts: list[str] | str
@@ -36,6 +40,7 @@ class FakeReply:
     status: int = 200
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 ReplyResult = Union[str, list[str], FakeReply]
@@ -228,7 +233,8 @@ class ChatAPI:
         texts = [reply.texts] * n if isinstance(reply.texts, str) else list(reply.texts)
         if len(texts) != n:
             raise ValueError(f"the reply gave {len(texts)} texts but the request asked for n={n}")
-        return FakeReply(texts, reply.finish_reason, reply.status, reply.prompt_tokens, reply.completion_tokens)
+        finish = "tool_calls" if reply.tool_calls and reply.finish_reason == "stop" else reply.finish_reason
+        return FakeReply(texts, finish, reply.status, reply.prompt_tokens, reply.completion_tokens, reply.tool_calls)
 
     def _completion(self, body: dict[str, Any], reply: FakeReply, n: int) -> dict[str, Any]:
         prompt = " ".join(content_text(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
@@ -245,7 +251,7 @@ class ChatAPI:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": _message(text, reply.tool_calls),
                     "logprobs": None,
                     "finish_reason": reply.finish_reason,
                 }
@@ -257,3 +263,15 @@ class ChatAPI:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _message(text: str, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    if not tool_calls:
+        return {"role": "assistant", "content": text, "refusal": None}
+    calls = []
+    for call in tool_calls:
+        arguments = call.get("arguments", {})
+        calls.append({"id": call.get("id") or new_id("call"), "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+    return {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}

@@ -1,0 +1,112 @@
+"""`LiteLLMModel`: any provider LiteLLM reaches (Anthropic, Gemini, Bedrock, Ollama, ...).
+
+Needs the ``litellm`` extra (``pip install 'opto[litellm]'``). Requests go through
+`litellm.acompletion` with LiteLLM's own retries off: opto's concurrency cap, rate
+limits, retries and 429 patience apply, exactly as for `OpenAIModel`, because LiteLLM
+raises subclasses of the OpenAI SDK's error classes for every provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from .errors import LLMError
+from .redaction import remember_secret
+from .remote import RemoteChatModel
+
+__all__ = ["LiteLLMModel", "import_litellm"]
+
+_INSTALL = "LiteLLMModel needs LiteLLM: pip install 'opto[litellm]'"
+
+
+def import_litellm() -> Any:
+    """The litellm module, set up for offline use: its price table is read from the
+    installed package instead of being fetched at import (which waits on a network
+    this machine may not have), and its debugging banners are off."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        import litellm
+    except ImportError as exc:
+        raise LLMError(_INSTALL) from exc
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+class _LiteLLMPoster:
+    """Posts one request through `litellm.acompletion` and returns the reply as a dict."""
+
+    def __init__(self, litellm: Any, options: dict[str, Any], timeout: float) -> None:
+        self._litellm = litellm
+        self._options = options
+        self._timeout = timeout
+
+    async def post(self, body: dict[str, Any]) -> Any:
+        response = await self._litellm.acompletion(**body, **self._options, timeout=self._timeout, num_retries=0,
+                                                   max_retries=0)
+        return response.model_dump()
+
+    async def close(self) -> None:
+        """Stop LiteLLM's logging worker if it runs on this (the model's private) loop, which
+        is about to stop: a task left pending there is reported as destroyed at exit.
+        LiteLLM's HTTP clients are its own, shared, and stay open."""
+        try:
+            from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER as worker
+        except ImportError:  # another LiteLLM version: nothing known to stop
+            return
+        if getattr(worker, "_bound_loop", None) is asyncio.get_running_loop():
+            await worker.stop(timeout=1.0)
+
+
+class LiteLLMModel(RemoteChatModel):
+    """A chat model reached through LiteLLM.
+
+    Args:
+        model: LiteLLM's model name, e.g. "anthropic/claude-3-5-haiku-latest",
+            "gemini/gemini-2.0-flash", "ollama/llama3.2" or "openai/gpt-4o-mini".
+        max_concurrency, requests_per_minute, tokens_per_minute, timeout, max_retries,
+        rate_limit_patience, cache, budget, prices: as for `OpenAIModel`.
+        **litellm_kwargs: passed to every `litellm.acompletion` call, e.g.
+            `api_base=...`, `api_key=...` (never logged: it is redacted from errors and
+            files), `custom_llm_provider=...`, or provider settings.
+
+    Keys come from the providers' usual environment variables unless `api_key` is given.
+    Prices come from `prices=`, then opto's table of well-known models
+    (`opto.llm.prices`), matched on the name without its provider prefix.
+    """
+
+    _thread_label = "litellm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_concurrency: int = 16,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        rate_limit_patience: float = 300.0,
+        cache: Any = None,
+        budget: Any = None,
+        prices: Any = None,
+        **litellm_kwargs: Any,
+    ) -> None:
+        reserved = {"model", "messages", "num_retries", "max_retries", "timeout"} & set(litellm_kwargs)
+        if reserved:
+            raise ValueError(f"LiteLLMModel sets {sorted(reserved)} itself; pass timeout= and max_retries= "
+                             "as LiteLLMModel arguments")
+        self._litellm = import_litellm()
+        remember_secret(litellm_kwargs.get("api_key"))
+        self._options = litellm_kwargs
+        super().__init__(model, max_concurrency=max_concurrency, requests_per_minute=requests_per_minute,
+                         tokens_per_minute=tokens_per_minute, timeout=timeout, max_retries=max_retries,
+                         rate_limit_patience=rate_limit_patience, cache=cache, budget=budget, prices=prices)
+
+    def __repr__(self) -> str:  # the key stays out of every repr and log line
+        base = self._options.get("api_base") or self._options.get("base_url")
+        return f"LiteLLMModel({self.name!r}" + (f", api_base={base!r})" if base else ")")
+
+    def _new_poster(self) -> _LiteLLMPoster:
+        return _LiteLLMPoster(self._litellm, self._options, self.timeout)

@@ -1,0 +1,286 @@
+"""`RemoteChatModel`: what every network chat backend shares (limits, retries, a private loop)."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import logging
+import weakref
+from typing import Any, Protocol
+
+import openai
+
+from ._loop import BackgroundLoop
+from .base import Model
+from .errors import LLMRequestError, LLMUnavailableError, describe_error
+from .ratelimit import RateLimiter
+from .redaction import redact
+from .retry import backoff_delay, retry_after_delay, retry_after_seconds
+from .types import Completion, Message, TokenUsage, tool_calls_of
+from .usage import estimate_tokens
+
+__all__ = ["Poster", "RemoteChatModel"]
+
+logger = logging.getLogger(__name__)
+
+# Failures worth another try without a status: unreachable, timed out, or a broken reply.
+_TRANSIENT = (
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.APIResponseValidationError,
+    json.JSONDecodeError,
+)
+
+
+def _is_transient_status(status: int) -> bool:
+    """Busy, broken for a moment, request timeout or conflict (as the SDK retries them)."""
+    return status in (408, 409, 429) or status >= 500
+
+
+class Poster(Protocol):
+    """Sends one chat request body and returns the reply's JSON (OpenAI's shape)."""
+
+    async def post(self, body: dict[str, Any]) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+class _MalformedReply(Exception):
+    """A 200 reply without usable choices."""
+
+
+class RemoteChatModel(Model):
+    """A chat model behind a network API: the concurrency cap, rate limits, retries and
+    private event loop that `OpenAIModel` and `LiteLLMModel` share.
+
+    Subclasses make the poster (`_new_poster`) that sends one request and returns the
+    reply as an OpenAI-shaped dict, raising the OpenAI SDK's error classes.
+
+    Args:
+        model: the model name.
+        max_concurrency: requests in flight at once, never more.
+        requests_per_minute / tokens_per_minute: optional rate limits (tokens are
+            estimated before a request and corrected from the reply's usage).
+        timeout: seconds per request before it counts as failed and is retried.
+        max_retries: retries of a 5xx, timeout, connection error or malformed reply,
+            with exponential backoff and jitter.
+        rate_limit_patience: seconds a request keeps retrying 429s (rate limited) before
+            it gives up; these retries wait what Retry-After asks plus a random share
+            of it, so refused requests do not all come back at once, and do not count
+            against `max_retries`.
+        cache, budget, prices: see `Model`.
+
+    The client, its connection pool and the limits live on a private event loop in a
+    daemon thread, so the model works across repeated `asyncio.run` calls and inside
+    Jupyter. Call `close()` (or `await aclose()`) when done; it also closes at exit.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_concurrency: int = 16,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        rate_limit_patience: float = 300.0,
+        cache: Any = None,
+        budget: Any = None,
+        prices: Any = None,
+    ) -> None:
+        super().__init__(model, cache=cache, budget=budget, prices=prices)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if rate_limit_patience < 0:
+            raise ValueError(f"rate_limit_patience must be >= 0 seconds, got {rate_limit_patience}")
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.rate_limit_patience = rate_limit_patience
+        self._limits = RateLimiter(requests_per_minute, tokens_per_minute)
+        self._loop = BackgroundLoop(f"opto-{self._thread_label}-{model}")
+        self._open: list[Poster] = []  # the client, once made (shared with the finalizer)
+        self._semaphore: asyncio.Semaphore | None = None
+        # Formats this server rejected: json_schema falls back to json_object, then to none.
+        self._rejected_formats: set[str] = set()
+        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+
+    _thread_label = "remote"  # names the private loop's thread
+
+    @abc.abstractmethod
+    def _new_poster(self) -> Poster:
+        """The object that sends requests (made on the private loop, so its connections belong to it)."""
+
+    def _ensure_client(self) -> Poster:
+        if not self._open:
+            self._open.append(self._new_poster())
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        return self._open[0]
+
+    async def _generate(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None,
+        temperature: float | None,
+        max_tokens: int | None,
+        n: int,
+        seed: int | None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> Completion:
+        params: dict[str, Any] = {"model": self.name, "messages": messages}
+        if tools is not None:
+            params["tools"] = tools
+        if tool_choice is not None:
+            params["tool_choice"] = tool_choice
+        if temperature is not None:
+            params["temperature"] = temperature
+        if max_tokens is not None:
+            params["max_tokens"] = max_tokens
+        if n != 1:
+            params["n"] = n
+        if seed is not None:
+            params["seed"] = seed
+        if response_format is not None:
+            params["response_format"] = response_format
+        return await self._loop.run(self._request_with_retries(params))
+
+    async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
+        client = self._ensure_client()
+        assert self._semaphore is not None
+        estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in params["messages"])
+        last_error: BaseException | None = None
+        attempt = 0
+        handle = None
+        patience_ends = asyncio.get_running_loop().time() + self.rate_limit_patience
+        while True:
+            # A failed attempt's estimate leaves the token window: it was not served.
+            self._limits.record_actual(handle, 0)
+            handle = None
+            _downgrade_format(params, self._rejected_formats)
+            delay: float | None = None
+            try:
+                async with self._semaphore:
+                    # Inside the slot, so the rate limits count requests when they are sent.
+                    handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
+                    reply = await client.post(params)
+                completion = self._to_completion(reply, estimate)
+                self._limits.record_actual(handle, completion.usage.total_tokens)
+                return completion
+            except openai.APIStatusError as exc:
+                kind = (params.get("response_format") or {}).get("type")
+                # Servers reject a schema or JSON mode with a 400, some (llama-cpp-python's)
+                # with a 500: step down. A request sent before a concurrent one recorded the
+                # rejection steps down too.
+                if kind and exc.status_code in (400, 500) and _about_response_format(exc):
+                    if kind not in self._rejected_formats:
+                        logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
+                                       redact(exc.message))
+                        self._rejected_formats.add(kind)
+                    continue
+                if not _is_transient_status(exc.status_code) or _quota_used_up(exc):
+                    # A used-up quota is a 429 that waiting does not cure.
+                    raise LLMRequestError(f"{self.name}: request rejected: {redact(exc.message)}",
+                                          exc.status_code) from _keyless(exc)
+                last_error = exc
+                if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
+                    # Rate limited: wait as asked (with jitter), without using up a retry.
+                    delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
+                    logger.warning("%s: %s; rate limited, retrying in %.2fs", self.name, describe_error(exc), delay)
+                    await asyncio.sleep(delay)
+                    continue
+                delay = retry_after_seconds(exc.response.headers)
+            except (*_TRANSIENT, _MalformedReply) as exc:
+                last_error, delay = exc, None
+            attempt += 1
+            if attempt > self.max_retries:
+                break
+            delay = backoff_delay(attempt - 1) if delay is None else retry_after_delay(delay, attempt - 1)
+            logger.warning(
+                "%s: %s; retry %d/%d in %.2fs", self.name, describe_error(last_error), attempt, self.max_retries, delay
+            )
+            await asyncio.sleep(delay)
+        self._limits.record_actual(handle, 0)
+        raise LLMUnavailableError(
+            f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}",
+            attempts=attempt,
+        ) from _keyless(last_error)
+
+    def _to_completion(self, body: Any, prompt_estimate: int) -> Completion:
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not choices or not all(isinstance(c, dict) for c in choices):
+            raise _MalformedReply(f"reply has no choices: {str(body)[:200]}")
+        texts = [(choice.get("message") or {}).get("content") or "" for choice in choices]
+        calls = [tool_calls_of(choice.get("message") or {}) for choice in choices]
+        reasons = [choice.get("finish_reason") for choice in choices]
+        usage = body.get("usage") or {}
+        if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+            tokens = TokenUsage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage.get("completion_tokens") or 0)
+        else:
+            tokens = TokenUsage(prompt_tokens=prompt_estimate, completion_tokens=sum(map(estimate_tokens, texts)))
+        return Completion(
+            texts=texts,
+            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
+            usage=tokens,
+            model=body.get("model") or self.name,
+            sample_tool_calls=calls if any(calls) else [],
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and stop the private loop."""
+        if self._loop.running and self._open:
+            await self._loop.run(self._open.pop().close())
+        await asyncio.to_thread(self._loop.stop)
+
+    def close(self) -> None:
+        """Close the HTTP client and stop the private loop (the model can still be used: both restart)."""
+        _shut_down(self._loop, self._open)
+
+
+def _shut_down(loop: BackgroundLoop, open_clients: list[Poster]) -> None:
+    """Close the client on its loop, then stop the loop (also when the model is collected)."""
+    if loop.running and open_clients:
+        loop.run_sync(open_clients.pop().close(), timeout=10)
+    loop.stop()
+
+
+def _downgrade_format(params: dict[str, Any], rejected: set[str]) -> None:
+    """Replace a response_format the server rejected by the next weaker one."""
+    kind = (params.get("response_format") or {}).get("type")
+    if kind == "json_schema" and kind in rejected:
+        params["response_format"] = {"type": "json_object"}
+        kind = "json_object"
+    if kind is not None and kind in rejected:
+        params.pop("response_format")
+
+
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "json mode", "structured output")
+
+
+def _about_response_format(exc: openai.APIStatusError) -> bool:
+    """Whether an error is about the response format (not, say, a prompt over the context length)."""
+    text = f"{exc.param or ''} {exc.message}".lower()
+    return any(word in text for word in _FORMAT_WORDS)
+
+
+def _quota_used_up(exc: openai.APIStatusError) -> bool:
+    """A 429 that says the account's quota is used up (the SDK puts the error's code on the
+    exception; LiteLLM keeps it in the error body)."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    body = body.get("error", body) if isinstance(body.get("error"), dict) else body
+    return "insufficient_quota" in (getattr(exc, "code", None), body.get("code"), body.get("type"))
+
+
+def _keyless(error: BaseException | None) -> BaseException | None:
+    """The error to chain as the cause, unless its text holds a key (then none: a
+    traceback printed later must not show it)."""
+    if error is None:
+        return None
+    text = f"{error} {getattr(error, 'message', '')} {getattr(error, 'body', '')}"
+    return None if redact(text) != text else error

@@ -87,7 +87,8 @@ def _export(args: argparse.Namespace) -> int:
     builder = PreferencePairBuilder(min_score_diff=args.min_score_diff, max_pairs_per_turn=args.max_pairs_per_turn,
                                     exhaustive_pairs=not args.best_vs_worst)
     report = export_run(args.run_dir, args.out, source=args.source, format=args.format,
-                        validation_fraction=args.validation_fraction, seed=args.seed, builder=builder)
+                        validation_fraction=args.validation_fraction, seed=args.seed, builder=builder,
+                        tokenizer=args.tokenizer, nemo_prompt=args.nemo_prompt)
     print(f"wrote {report.records} {report.format} records to {report.out}")
     if report.validation_out is not None:
         print(f"wrote {report.validation_records} {report.format} records to {report.validation_out} (validation)")
@@ -96,6 +97,9 @@ def _export(args: argparse.Namespace) -> int:
           f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
           f"skipped turns (single candidate): {stats.turns_skipped_single_candidate}  "
           f"skipped pairs (difference < {args.min_score_diff} or tie): {stats.pairs_skipped_small_diff}")
+    if stats.truncated_candidates:
+        print(f"truncated responses (cut at max_tokens, never chosen): {stats.truncated_candidates}  "
+              f"skipped pairs: {stats.pairs_skipped_truncated}")
     if stats.by_source:
         print("by source: " + ", ".join(f"{name} {count}" for name, count in sorted(stats.by_source.items())))
     if report.unused:
@@ -168,7 +172,7 @@ def _finetune(args: argparse.Namespace) -> int:
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="turn a run's ledger into preference (or supervised) data")
-    export.add_argument("run_dir", help="the run directory (holding ledger.jsonl)")
+    export.add_argument("run_dir", help="the run directory (holding ledger.jsonl), or its ledger.jsonl")
     export.add_argument("--source", choices=[*SOURCES, "all"], default="all",
                         help="which turns to use (default all)")
     export.add_argument("--format", choices=list(FORMATS),
@@ -181,6 +185,10 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--max-pairs-per-turn", type=int, default=None, help="keep the N widest pairs per turn")
     export.add_argument("--best-vs-worst", action="store_true", help="one pair per turn instead of every pair")
     export.add_argument("--seed", type=int, default=0, help="the split's seed (default 0)")
+    export.add_argument("--tokenizer", help="trl: the target model's folder (or hub id), whose chat template "
+                        "renders the prompts (required for trl; trl-chat needs none)")
+    export.add_argument("--nemo-prompt", choices=["messages", "string"], default=None,
+                        help="nemo: the prompt as the message list (default) or as the last message's text")
     export.set_defaults(handler=_export)
 
 

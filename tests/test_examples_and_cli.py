@@ -111,13 +111,18 @@ def test_custom_example_with_two_proposals_exports_pairs_and_finetunes(tmp_path,
 
     dpo, trl = tmp_path / "pairs.jsonl", tmp_path / "pairs.trl.jsonl"
     assert main(["export", str(run), "--source", "all", "--format", "openai-dpo", "--out", str(dpo)]) == 0
-    assert main(["export", str(run), "--source", "all", "--format", "trl", "--out", str(trl)]) == 0
+    assert main(["export", str(run), "--source", "all", "--format", "trl-chat", "--out", str(trl)]) == 0
     assert validate_jsonl(dpo, "openai-dpo", min_examples=1) >= 1
     pairs = PreferencePairBuilder().build(read_turns(run, "all").turns)
     trl_rows = [json.loads(line) for line in trl.read_text().splitlines()]
     assert len(trl_rows) == len(pairs) > 0
     assert all(p.chosen_score > p.rejected_score for p in pairs)
-    assert {(r["chosen"], r["rejected"]) for r in trl_rows} == {(p.chosen, p.rejected) for p in pairs}
+    assert {(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in trl_rows} == {
+        (p.chosen, p.rejected) for p in pairs}
+    # The plain trl format needs the served model's chat template; without one it says where to go.
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "trl", "--out", str(tmp_path / "plain.jsonl")]) == 1
+    assert "trl-chat" in capsys.readouterr().err and not (tmp_path / "plain.jsonl").exists()
 
     with FakeOpenAIServer() as server:
         state = tmp_path / "ft-state.json"

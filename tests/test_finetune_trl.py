@@ -68,10 +68,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     make_run(folder / "run", examples=4)
     chat, plain = folder / "chat.jsonl", folder / "plain.jsonl"
     export_run(folder / "run", chat, source="all", format="trl-chat")
-    export_run(folder / "run", plain, source="agent", format="trl")
     records = [json.loads(line) for line in chat.read_text().splitlines()]
     texts = [m["content"] for r in records for m in [*r["prompt"], *r["chosen"], *r["rejected"]]]
     model = build_tiny_model(folder / "tiny-model", texts)
+    # The plain format is rendered with the tiny model's own chat template.
+    export_run(folder / "run", plain, source="agent", format="trl", tokenizer=model)
     return {"chat": chat, "plain": plain, "model": model, "folder": folder}
 
 
@@ -104,6 +105,12 @@ def test_dpo_trains_two_steps_on_cpu_and_saves_the_model(exported: dict[str, Pat
     # The job's state is on disk, readable by another adapter (another process).
     other = TRLAdapter(exported["model"], output_dir=exported["folder"] / "jobs")
     assert asyncio.run(other.status(ref.job_id)).status == "succeeded"
+
+
+def test_the_plain_export_is_rendered_with_the_models_chat_template(exported: dict[str, Path]) -> None:
+    rows = [json.loads(line) for line in exported["plain"].read_text().splitlines()]
+    assert rows and all(r["prompt"].startswith("<|") and r["prompt"].endswith("<|assistant|>\n") for r in rows)
+    assert not any("Assistant:" in r["prompt"] for r in rows)  # no home-made template
 
 
 def test_plain_text_export_trains_too_and_cancel_stops(exported: dict[str, Path]) -> None:

@@ -15,9 +15,9 @@ from opto.preference import (
     PreferencePairBuilder,
     export_run,
     read_turns,
-    render_prompt_text,
     validate_jsonl,
 )
+from opto._io import json_key
 from opto.trainer.proposal_scoring import check_score_proposals
 from world import BAD, GOOD, WORDS, Counter, counting_reply, alternating, make_run
 
@@ -106,15 +106,17 @@ def test_openai_dpo_export_of_a_real_run_is_valid(run_dir: Path, tmp_path: Path)
 
 
 @pytest.mark.parametrize("source", ["optimizer", "aggregator", "agent", "all"])
-def test_every_trl_pair_has_chosen_score_above_rejected(run_dir: Path, tmp_path: Path, source: str) -> None:
+def test_every_pair_has_chosen_score_above_rejected(run_dir: Path, tmp_path: Path, source: str) -> None:
     out = tmp_path / "pairs.jsonl"
-    export_run(run_dir, out, source=source, format="trl", validation_fraction=0.25, seed=3)
+    export_run(run_dir, out, source=source, format="trl-chat", validation_fraction=0.25, seed=3)
     records = _records(out) + _records(tmp_path / "pairs.validation.jsonl")
     expected = len(PreferencePairBuilder().build(read_turns(run_dir, source).turns))
     assert len(records) == expected >= {"optimizer": 8, "aggregator": 2, "agent": 8, "all": 18}[source]
     # Independent check: look each response up among its turn's scored candidates in the ledger.
-    turns = {render_prompt_text(t.prompt): t for t in read_turns(run_dir, source).turns}
+    turns = {json_key(t.prompt): t for t in read_turns(run_dir, source).turns}
     for record in records:
+        record = {"prompt": json_key(record["prompt"]), "chosen": record["chosen"][0]["content"],
+                  "rejected": record["rejected"][0]["content"]}
         turn = turns[record["prompt"]]
         assert _score_in(turn, record["chosen"]) > _score_in(turn, record["rejected"])
 
@@ -162,3 +164,29 @@ def test_cli_export_explains_an_empty_result(run_dir: Path, tmp_path: Path,
 def test_export_of_a_missing_run_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no ledger.jsonl"):
         export_run(tmp_path / "nope", tmp_path / "out.jsonl")
+
+
+def test_export_cli_takes_the_ledger_path_refuses_a_missing_folder_and_writes_nemo_strings(
+        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nemo.jsonl"
+    assert main(["export", str(run_dir / "ledger.jsonl"), "--format", "nemo", "--nemo-prompt", "string",
+                 "--out", str(out)]) == 0
+    records = _records(out)
+    assert records and all(isinstance(r["prompt"], str) for r in records)
+    prompts = {json_key(t.prompt): t.prompt[-1]["content"] for t in read_turns(run_dir, "all").turns}
+    assert {r["prompt"] for r in records} <= set(prompts.values())  # the last message's text
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "missing" / "pairs.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist; create it first" in err and not (tmp_path / "missing").exists()
+
+
+def test_the_nothing_to_export_hint_counts_what_it_says(run_dir: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(run_dir), "--min-score-diff", "5", "--out", str(tmp_path / "p.jsonl")]) == 1
+    err = capsys.readouterr().err
+    builder = PreferencePairBuilder(min_score_diff=5)
+    builder.build(read_turns(run_dir, "all").turns)
+    assert builder.stats.turns_skipped_single_candidate == 0 and builder.stats.pairs_skipped_small_diff > 0
+    assert "had a single candidate" not in err  # the old hint said every turn had one
+    assert f"{builder.stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than" in err

@@ -17,7 +17,6 @@ from opto.preference import (
     SupervisedExample,
     get_writer,
     read_turns,
-    render_prompt_text,
     validate_jsonl,
     validate_record,
 )
@@ -61,13 +60,45 @@ def test_openai_sft_record(tmp_path: Path) -> None:
     assert validate_jsonl(out, "openai-sft") == 1
 
 
-def test_trl_standard_record(tmp_path: Path) -> None:
+class TemplateTokenizer:
+    """Stands in for a Hugging Face tokenizer: a chat template rendered with jinja2, as
+    `apply_chat_template(..., tokenize=False)` does."""
+
+    chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+                     "{% if tools %}<|tools|>{{ tools | map(attribute='function.name') | join(',') }}{% endif %}"
+                     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+    def apply_chat_template(self, messages, tools=None, tokenize=True, add_generation_prompt=False):
+        import jinja2
+
+        assert tokenize is False
+        return jinja2.Template(self.chat_template).render(messages=messages, tools=tools,
+                                                          add_generation_prompt=add_generation_prompt)
+
+
+def test_trl_standard_record_is_rendered_with_the_models_chat_template(tmp_path: Path) -> None:
     out = tmp_path / "trl.jsonl"
-    get_writer("trl").write([pair()], out)
+    get_writer("trl", tokenizer=TemplateTokenizer()).write([pair()], out)
     [record] = read(out)
-    assert record == {"prompt": "System: Be brief.\n\nUser: 2+2?\n\nAssistant:\n", "chosen": "4", "rejected": "five"}
-    assert record["prompt"] == render_prompt_text(PROMPT)
+    assert record == {"prompt": "<|system|>Be brief.<|end|><|user|>2+2?<|end|><|assistant|>", "chosen": "4",
+                      "rejected": "five"}
     assert validate_jsonl(out, "trl") == 1
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    [with_tools] = get_writer("trl", tokenizer=TemplateTokenizer()).records([pair(tools=tools)])
+    assert "<|tools|>calculator<|assistant|>" in with_tools["prompt"]
+
+
+def test_trl_standard_without_a_tokenizer_is_refused_and_points_to_trl_chat() -> None:
+    with pytest.raises(ValueError, match="trl-chat"):
+        get_writer("trl")
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="no chat template"):
+        get_writer("trl", tokenizer=NoTemplate())
+    with pytest.raises(ValueError, match="takes no option"):
+        get_writer("openai-dpo", tokenizer=TemplateTokenizer())
 
 
 def test_trl_conversational_record(tmp_path: Path) -> None:
@@ -78,18 +109,51 @@ def test_trl_conversational_record(tmp_path: Path) -> None:
     assert validate_jsonl(out, "trl-chat") == 1
 
 
-def test_nemo_record_with_messages_or_text(tmp_path: Path) -> None:
+def test_nemo_record_with_messages_or_string(tmp_path: Path) -> None:
     out = tmp_path / "nemo.jsonl"
     get_writer("nemo").write([pair()], out)
     assert read(out) == [{"prompt": PROMPT, "chosen_response": "4", "rejected_response": "five"}]
-    NeMoWriter(prompt_as_text=True).write([pair()], out)
-    assert read(out)[0]["prompt"] == render_prompt_text(PROMPT)
+    NeMoWriter(prompt="string").write([pair()], out)
+    assert read(out)[0]["prompt"] == "2+2?"  # the last message's content, as NeMo Agent Toolkit's string mode
     assert validate_jsonl(out, "nemo") == 1
+    with pytest.raises(ValueError, match="'messages' or 'string'"):
+        get_writer("nemo", prompt="text")
+
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+TOOL_PROMPT = [{"role": "user", "content": "2+2?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "4"}]
+
+
+def test_tools_and_tool_messages_are_exported_where_the_format_allows() -> None:
+    [dpo] = get_writer("openai-dpo").records([pair(prompt=TOOL_PROMPT, tools=TOOLS)])
+    assert dpo["input"]["tools"] == TOOLS and dpo["input"]["messages"][2]["tool_call_id"] == "c1"
+    [sft] = get_writer("openai-sft").records([best(prompt=TOOL_PROMPT, tools=TOOLS)])
+    assert sft["tools"] == TOOLS and sft["messages"][1]["tool_calls"][0]["id"] == "c1"
+    [chat] = get_writer("trl-chat").records([pair(prompt=TOOL_PROMPT, tools=TOOLS)])
+    assert chat["tools"] == TOOLS and chat["prompt"][2]["role"] == "tool"
+    [plain] = get_writer("openai-dpo").records([pair()])
+    assert "tools" not in plain["input"]  # no tools offered, no tools key
+
+
+def test_roles_are_checked_per_format() -> None:
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert get_writer("openai-dpo").records([pair(prompt=developer)])
+    with pytest.raises(DatasetFormatError, match="'developer' is not accepted by TRL"):
+        get_writer("trl-chat").records([pair(prompt=developer)])
+    with pytest.raises(DatasetFormatError, match="not accepted by NeMo Customizer"):
+        get_writer("nemo").records([pair(prompt=TOOL_PROMPT)])
+    no_id = [{"role": "user", "content": "2+2?"}, {"role": "tool", "content": "4"}]
+    with pytest.raises(DatasetFormatError, match="tool_call_id"):
+        get_writer("openai-dpo").records([pair(prompt=no_id)])
+    assert get_writer("trl-chat").records([pair(prompt=no_id)])  # TRL's templates need no id
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_every_writer_refuses_what_its_schema_refuses(fmt: str) -> None:
-    writer = get_writer(fmt)
+    writer = get_writer(fmt, tokenizer=TemplateTokenizer() if fmt == "trl" else None)
     item = best(response=" ") if writer.kind == "supervised" else pair(rejected="4")
     with pytest.raises(DatasetFormatError, match="turn t1"):
         writer.records([item])
@@ -229,3 +293,32 @@ def test_optimizer_turns_group_by_prompt() -> None:
 def test_unknown_source() -> None:
     with pytest.raises(ValueError, match="source must be one of"):
         read_turns([], "judge")
+
+
+def test_a_truncated_reply_is_never_chosen_and_is_counted(tmp_path: Path) -> None:
+    cut = rollout(1, "q1", "validation", 1.0, "same", "hi", "The answer is plausi", owner="c1")
+    cut["trace"][0]["truncated"] = True  # scored 1.0 because the judge found its word in the cut text
+    ledger = [rollout(1, "q1", "train", 0.0, "same", "hi", "implausible"), cut,
+              rollout(1, "q1", "proposal_validation", 0.5, "same", "hi", "plausible", owner="p1")]
+    builder = PreferencePairBuilder()
+    pairs = builder.build(read_turns(ledger, "agent").turns)
+    assert [(p.chosen, p.rejected) for p in pairs] == [("plausible", "implausible")]
+    assert all(p.chosen != "The answer is plausi" for p in pairs)
+    assert builder.stats.truncated_candidates == 1 and builder.stats.pairs_skipped_truncated == 2
+    assert "1 truncated responses" in builder.stats.summary()
+    [best_example] = builder.best_responses(read_turns(ledger, "agent").turns)
+    assert best_example.response == "plausible"  # the best complete reply, not the cut one
+
+
+def test_tool_results_in_a_trace_are_not_calls_and_tools_reach_the_export() -> None:
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    ledger = [rollout(1, "q1", "train", 0.0, "same", "2+2?", "five"),
+              rollout(1, "q1", "validation", 1.0, "same", "2+2?", "4", owner="c1")]
+    for record in ledger:
+        record["trace"][0]["tools"] = tools
+        record["trace"].append({"tool_result": {"tool_call_id": "c1", "name": "calculator", "content": "4"}})
+    reading = read_turns(ledger, "agent")
+    [turn] = reading.turns
+    assert turn.tools == tools and reading.unscored == {}
+    [record] = get_writer("openai-dpo").records(PreferencePairBuilder().build(reading.turns))
+    assert record["input"]["tools"] == tools

@@ -21,7 +21,7 @@ __all__ = ["LLMCall", "bounded_trace", "clip_middle", "record_call", "record_llm
 LLMCall = dict[str, Any]
 """A trace entry. A model call: {"model", "messages", "response", "cached"}, plus
 "tool_calls" (a list of {"id", "name", "arguments"}) and "tools" (the tool definitions
-offered) when it had them. A tool's result: {"tool_result": {"tool_call_id", "name", "content"}}."""
+offered) when it had them, and "truncated": True for a reply cut at max_tokens. A tool's result: {"tool_result": {"tool_call_id", "name", "content"}}."""
 
 _TRACE: contextvars.ContextVar[list[LLMCall] | None] = contextvars.ContextVar("opto_llm_trace", default=None)
 
@@ -47,6 +47,8 @@ def record_call(model: str, messages: list[Message], completion: Completion,
             call["tool_calls"] = [c.model_dump() for c in completion.tool_calls]
         if tools:
             call["tools"] = tools
+        if completion.truncated:  # cut at max_tokens: never a reply to learn from
+            call["truncated"] = True
         calls.append(call)
 
 

@@ -24,7 +24,6 @@ from .writers import (
     TRLWriter,
     Writer,
     get_writer,
-    render_prompt_text,
 )
 
 __all__ = [
@@ -48,7 +47,6 @@ __all__ = [
     "export_run",
     "get_writer",
     "read_turns",
-    "render_prompt_text",
     "train_validation_split",
     "validate_jsonl",
     "validate_record",

@@ -45,21 +45,31 @@ def export_run(
     validation_fraction: float = 0.0,
     seed: int = 0,
     builder: PreferencePairBuilder | None = None,
+    tokenizer: Any = None,
+    nemo_prompt: str | None = None,
 ) -> ExportReport:
     """Export the preference data of a run to `out` (and its validation split).
 
     Args:
-        run_dir: a training run's directory (holding ledger.jsonl).
-        out: the JSONL file to write.
+        run_dir: a training run's directory (holding ledger.jsonl), or its ledger.jsonl.
+        out: the JSONL file to write; its folder must exist.
         source: "optimizer", "aggregator", "agent" or "all".
         format: "openai-dpo", "openai-sft", "trl", "trl-chat" or "nemo".
         validation_fraction: the share of examples written to `validation_path(out)`.
         seed: the split's seed.
         builder: the pair builder (default settings when None).
+        tokenizer: "trl" only: the target model's tokenizer or model folder, whose chat
+            template renders the prompts.
+        nemo_prompt: "nemo" only: "messages" (default) or "string" (the last message).
 
     Raises `ValueError` when nothing can be exported, saying why.
     """
-    writer = get_writer(format)
+    run_dir = Path(run_dir)
+    if run_dir.name == "ledger.jsonl" and run_dir.is_file():
+        run_dir = run_dir.parent  # the ledger itself was named: its run directory is meant
+    if not Path(out).parent.is_dir():
+        raise ValueError(f"the folder of --out {out} does not exist; create it first (mkdir -p {Path(out).parent})")
+    writer = get_writer(format, tokenizer=tokenizer, prompt=nemo_prompt)
     builder = builder or PreferencePairBuilder()
     reading = read_turns(run_dir, source)
     items: list[Any]
@@ -85,9 +95,14 @@ def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unu
     if source in ("optimizer", "all") and any(reason.startswith("optimizer") for reason in unused):
         hints.append("optimizer turns need AggregatedUpdate(..., score_proposals='instance') and num_proposals > 1")
     if stats.turns_skipped_single_candidate:
-        hints.append("every turn had a single candidate: use Optimizer(num_proposals=2) or "
+        share = ("every turn" if stats.turns_skipped_single_candidate == stats.turns
+                 else f"{stats.turns_skipped_single_candidate} of {stats.turns} turns")
+        hints.append(f"{share} had a single candidate: use Optimizer(num_proposals=2) or "
                      "Aggregator(num_candidates=2)")
     if stats.pairs_skipped_small_diff:
-        hints.append("candidates tied or differed by less than --min-score-diff")
+        hints.append(f"{stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than "
+                     "--min-score-diff")
+    if stats.pairs_skipped_truncated:
+        hints.append(f"{stats.pairs_skipped_truncated} pairs would have chosen a reply cut at max_tokens")
     return f"no preference data could be exported from {run_dir} (source {source}): {stats.summary()}" + (
         "; " + "; ".join(hints) if hints else "")

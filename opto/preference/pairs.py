@@ -35,6 +35,7 @@ class PreferencePair(BaseModel):
     reward: float
     chosen_ref: str = ""
     rejected_ref: str = ""
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def score_diff(self) -> float:
@@ -51,6 +52,7 @@ class SupervisedExample(BaseModel):
     prompt: list[dict[str, Any]]
     response: str
     score: float
+    tools: list[dict[str, Any]] | None = None
 
 
 class BuilderStats(BaseModel):
@@ -62,6 +64,8 @@ class BuilderStats(BaseModel):
     turns_skipped_single_candidate: int = 0
     pairs_skipped_small_diff: int = 0
     pairs_cut_by_max: int = 0
+    truncated_candidates: int = 0
+    pairs_skipped_truncated: int = 0
     duplicate_candidates_merged: int = 0
     duplicate_pairs_removed: int = 0
     by_source: dict[str, int] = Field(default_factory=dict)
@@ -72,6 +76,9 @@ class BuilderStats(BaseModel):
                  f"{self.pairs_skipped_small_diff} pairs skipped (score difference too small or a tie)"]
         if self.pairs_cut_by_max:
             parts.append(f"{self.pairs_cut_by_max} pairs over max_pairs_per_turn")
+        if self.truncated_candidates:
+            parts.append(f"{self.truncated_candidates} truncated responses (cut at max_tokens; never chosen), "
+                         f"{self.pairs_skipped_truncated} pairs skipped for it")
         if self.duplicate_candidates_merged:
             parts.append(f"{self.duplicate_candidates_merged} duplicate responses merged")
         if self.duplicate_pairs_removed:
@@ -152,6 +159,7 @@ class PreferencePairBuilder:
             stats.duplicate_candidates_merged += len(candidates) - len(merged)
             candidates = merged
         stats.candidates += len(candidates)
+        stats.truncated_candidates += sum(c.truncated for c in candidates)
         # Stable sort: equal scores keep their recorded order.
         return sorted(candidates, key=lambda c: -c.score)
 
@@ -162,6 +170,9 @@ class PreferencePairBuilder:
             options = [(ranked[0], ranked[-1])]
         kept = []
         for chosen, rejected in options:
+            if chosen.truncated:  # an incomplete reply must never be learnt as the better one
+                stats.pairs_skipped_truncated += 1
+                continue
             diff = chosen.score - rejected.score
             if diff <= 0 or diff < self.min_score_diff:
                 stats.pairs_skipped_small_diff += 1
@@ -180,7 +191,7 @@ class PreferencePairBuilder:
             prompt=turn.prompt, chosen=chosen.response, rejected=rejected.response,
             chosen_score=chosen.score, rejected_score=rejected.score,
             reward=diff if self.reward_from_score_diff else 1.0,
-            chosen_ref=chosen.ref, rejected_ref=rejected.ref,
+            chosen_ref=chosen.ref, rejected_ref=rejected.ref, tools=turn.tools,
         )
 
     # ------------------------------------------------------------------ supervised
@@ -199,7 +210,11 @@ class PreferencePairBuilder:
             ranked = self._ranked(turn, stats)
             if not ranked:
                 continue
-            best = ranked[0]
+            complete = [c for c in ranked if not c.truncated]
+            if not complete:
+                stats.pairs_skipped_truncated += 1
+                continue
+            best = complete[0]
             if self.require_multiple_candidates:
                 if len(ranked) < 2:
                     stats.turns_skipped_single_candidate += 1
@@ -212,7 +227,7 @@ class PreferencePairBuilder:
                 continue
             examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
                                               example_id=turn.example_id, prompt=turn.prompt,
-                                              response=best.response, score=best.score))
+                                              response=best.response, score=best.score, tools=turn.tools))
         return _finish(examples, stats, "best responses")
 
 
@@ -244,7 +259,7 @@ def _merge_identical(candidates: Sequence[TurnCandidate]) -> list[TurnCandidate]
     return [
         group[0] if len(group) == 1 else TurnCandidate(
             response=group[0].response, score=sum(c.score for c in group) / len(group),
-            ref=",".join(c.ref for c in group))
+            ref=",".join(c.ref for c in group), truncated=any(c.truncated for c in group))
         for group in groups.values()
     ]
 

@@ -9,52 +9,106 @@ Formats:
 - ``openai-dpo``: ``{"input": {"messages": [...]}, "preferred_output": [assistant],
   "non_preferred_output": [assistant]}`` (OpenAI preference fine-tuning).
 - ``openai-sft``: ``{"messages": [..., assistant]}`` (OpenAI supervised fine-tuning).
-- ``trl``: ``{"prompt": str, "chosen": str, "rejected": str}`` (TRL standard preference).
-- ``trl-chat``: ``{"prompt": [messages], "chosen": [assistant], "rejected": [assistant]}``
-  (TRL conversational preference with an explicit prompt).
+- ``trl``: ``{"prompt": str, "chosen": str, "rejected": str}`` (TRL standard preference;
+  the prompt is rendered with the target model's chat template).
+- ``trl-chat``: ``{"prompt": [messages], "chosen": [assistant], "rejected": [assistant]}``,
+  plus ``tools`` (TRL conversational preference with an explicit prompt).
 - ``nemo``: ``{"prompt": str | [messages], "chosen_response": str, "rejected_response": str}``
   (NVIDIA NeMo Customizer DPO).
+
+Roles differ by format: "developer" is OpenAI's alone; OpenAI needs a "tool" message to
+name the `tool_call_id` it answers; NeMo's DPO prompts hold system, user and assistant
+messages only.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from ..errors import OptoError
 
 __all__ = [
     "FORMATS",
     "ChatMessage",
     "DatasetFormatError",
+    "NeMoMessage",
     "NeMoPreferenceRecord",
+    "OpenAIMessage",
     "OpenAIDPORecord",
     "OpenAISFTRecord",
     "TRLChatPreferenceRecord",
+    "TRLMessage",
     "TRLPreferenceRecord",
     "validate_jsonl",
     "validate_record",
 ]
+
 
 class DatasetFormatError(OptoError, ValueError):
     """A record or a file does not follow its format's schema."""
 
 
 class ChatMessage(BaseModel):
-    """A chat message with text content. Extra keys (name, weight, ...) are kept."""
+    """A chat message. Extra keys (name, weight, ...) are kept.
+
+    An assistant message may carry `tool_calls` (and then no content); a "tool" message
+    answers one of them. Each format's subclass says which roles it admits.
+    """
 
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str
+    ROLES: ClassVar[tuple[str, ...]] = ("system", "developer", "user", "assistant", "tool")
+    TOOL_CALL_ID_REQUIRED: ClassVar[bool] = False
+    FORMAT: ClassVar[str] = "this format"
+
+    role: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _fits_the_format(self) -> ChatMessage:
+        if self.role not in self.ROLES:
+            raise ValueError(f"role {self.role!r} is not accepted by {self.FORMAT}; use one of {', '.join(self.ROLES)}")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"only an assistant message may carry tool_calls, not a {self.role!r} one")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("a message needs content (only an assistant message with tool_calls may have none)")
+        if self.role == "tool" and self.TOOL_CALL_ID_REQUIRED and not self.tool_call_id:
+            raise ValueError(f"{self.FORMAT} refuses a tool message without the tool_call_id of the call it answers")
+        return self
+
+
+class OpenAIMessage(ChatMessage):
+    """A message of OpenAI's fine-tuning formats."""
+
+    TOOL_CALL_ID_REQUIRED = True
+    FORMAT = "OpenAI"
+
+
+class TRLMessage(ChatMessage):
+    """A message of TRL's conversational format (roles of Hugging Face chat templates)."""
+
+    ROLES = ("system", "user", "assistant", "tool")
+    FORMAT = "TRL"
+
+
+class NeMoMessage(ChatMessage):
+    """A message of a NeMo Customizer DPO prompt."""
+
+    ROLES = ("system", "user", "assistant")
+    FORMAT = "NeMo Customizer"
 
 
 class AssistantMessage(ChatMessage):
     """An assistant reply; its content must not be empty."""
 
     role: Literal["assistant"]
+    content: str
 
     @field_validator("content")
     @classmethod
@@ -69,7 +123,7 @@ def _check_prompt(messages: list[ChatMessage]) -> list[ChatMessage]:
         raise ValueError("the prompt needs at least one message")
     if messages[-1].role == "assistant":
         raise ValueError("the prompt must end with a user (or system) message, not an assistant reply")
-    if not any(m.content.strip() for m in messages):
+    if not any((m.content or "").strip() for m in messages):
         raise ValueError("every prompt message is empty")
     return messages
 
@@ -84,7 +138,7 @@ class _Strict(BaseModel):
 
 
 class OpenAIDPOInput(_Strict):
-    messages: list[ChatMessage]
+    messages: list[OpenAIMessage]
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: bool | None = None
 
@@ -107,16 +161,16 @@ class OpenAIDPORecord(_Strict):
 class OpenAISFTRecord(_Strict):
     """One line of an OpenAI supervised fine-tuning file."""
 
-    messages: list[ChatMessage]
+    messages: list[OpenAIMessage]
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: bool | None = None
 
     @field_validator("messages")
     @classmethod
-    def _ends_with_reply(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+    def _ends_with_reply(cls, messages: list[OpenAIMessage]) -> list[OpenAIMessage]:
         if len(messages) < 2:
             raise ValueError("an example needs at least a prompt message and an assistant reply")
-        if messages[-1].role != "assistant" or not messages[-1].content.strip():
+        if messages[-1].role != "assistant" or not (messages[-1].content or "").strip():
             raise ValueError("an example must end with a non-empty assistant reply")
         return messages
 
@@ -137,9 +191,10 @@ class TRLPreferenceRecord(_Strict):
 class TRLChatPreferenceRecord(_Strict):
     """TRL's conversational preference format (explicit prompt)."""
 
-    prompt: list[ChatMessage]
+    prompt: list[TRLMessage]
     chosen: list[AssistantMessage] = Field(min_length=1, max_length=1)
     rejected: list[AssistantMessage] = Field(min_length=1, max_length=1)
+    tools: list[dict[str, Any]] | None = None
 
     _prompt = field_validator("prompt")(_check_prompt)
 
@@ -152,13 +207,13 @@ class TRLChatPreferenceRecord(_Strict):
 class NeMoPreferenceRecord(_Strict):
     """NeMo Customizer's DPO format."""
 
-    prompt: str | list[ChatMessage]
+    prompt: str | list[NeMoMessage]
     chosen_response: str = Field(min_length=1)
     rejected_response: str = Field(min_length=1)
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_ok(cls, value: str | list[ChatMessage]) -> str | list[ChatMessage]:
+    def _prompt_ok(cls, value: str | list[NeMoMessage]) -> str | list[NeMoMessage]:
         if isinstance(value, str):
             if not value.strip():
                 raise ValueError("the prompt must not be empty")

@@ -62,15 +62,18 @@ SOURCES: tuple[str, ...] = ("optimizer", "aggregator", "agent")
 
 
 class TurnCandidate(BaseModel):
-    """One scored response of a turn."""
+    """One scored response of a turn. A `truncated` one was cut at max_tokens: it may be
+    rejected, never chosen."""
 
     response: str
     score: float
     ref: str = Field(description="where it comes from: a proposal_id, candidate_id or rollout reference")
+    truncated: bool = False
 
 
 class Turn(BaseModel):
-    """One prompt (message list) and the scored responses it produced."""
+    """One prompt (message list) and the scored responses it produced; `tools` holds the
+    tool definitions the model was offered (agent calls with tools)."""
 
     turn_id: str
     source: Source
@@ -78,6 +81,7 @@ class Turn(BaseModel):
     example_id: str
     prompt: list[dict[str, Any]]
     candidates: list[TurnCandidate] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
 
 
 class TurnReading(BaseModel):
@@ -129,10 +133,20 @@ def _sources(source: str) -> tuple[str, ...]:
 
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
-    """{role, content: str} messages; anything else in a message is dropped."""
+    """{role, content: str} messages, with an assistant's "tool_calls" and a tool message's
+    "tool_call_id" kept; anything else in a message is dropped."""
     if not isinstance(raw, list):
         return []
-    return [{"role": str(m.get("role")), "content": content_text(m.get("content"))} for m in raw if isinstance(m, dict)]
+    messages = []
+    for m in raw:
+        if not isinstance(m, dict):
+            continue
+        message: dict[str, Any] = {"role": str(m.get("role")), "content": content_text(m.get("content"))}
+        for key in ("tool_calls", "tool_call_id"):
+            if m.get(key):
+                message[key] = m[key]
+        messages.append(message)
+    return messages
 
 
 def _key(*parts: Any) -> str:
@@ -227,7 +241,7 @@ def _scored_turns(
                 reading.note(unscored)
                 continue
             candidates.append(TurnCandidate(response=str(record.get("raw_response", "")), score=score,
-                                            ref=ref_of(record)))
+                                            ref=ref_of(record), truncated=bool(record.get("truncated"))))
         turns.append(Turn(turn_id=_turn_id(source, step, prompt, example_id), source=source, step=step,
                           example_id=example_id, prompt=prompt, candidates=candidates))
     return turns
@@ -236,7 +250,7 @@ def _scored_turns(
 def _agent_turns(records: list[dict[str, Any]], reading: TurnReading) -> list[Turn]:
     # (step, instance, visible input) -> [(system messages, full messages, candidate)]
     groups: dict[str, list[tuple[list[dict[str, Any]], list[dict[str, Any]], TurnCandidate]]] = defaultdict(list)
-    meta: dict[str, tuple[int, str, list[dict[str, Any]]]] = {}
+    meta: dict[str, tuple[int, str, list[dict[str, Any]], Any]] = {}
     for index, record in enumerate(_of_type(records, "rollout")):
         score = _score(record.get("score"))
         if record.get("error") or score is None:
@@ -245,23 +259,28 @@ def _agent_turns(records: list[dict[str, Any]], reading: TurnReading) -> list[Tu
         step, example_id = int(record.get("step", 0)), str(record.get("instance_id", ""))
         ref = _rollout_ref(record, index)
         for position, call in enumerate(record.get("trace") or []):
+            if "messages" not in call:  # a tool's result, not a model call
+                continue
             messages = _messages(call.get("messages"))
             visible = [m for m in messages if m["role"] != "system"]
             if not visible:
                 reading.note("agent: call with only system messages")
                 continue
             system = [m for m in messages if m["role"] == "system"]
-            key = _key(step, example_id, visible)
-            meta.setdefault(key, (step, example_id, visible))
+            tools = call.get("tools") or None
+            key = _key(step, example_id, visible, tools)
+            meta.setdefault(key, (step, example_id, visible, tools))
             groups[key].append((system, messages, TurnCandidate(
-                response=content_text(call.get("response")), score=score, ref=f"{ref}#call{position}")))
+                response=content_text(call.get("response")), score=score, ref=f"{ref}#call{position}",
+                truncated=bool(call.get("truncated")))))
     turns = []
     for key, members in groups.items():
-        step, example_id, visible = meta[key]
+        step, example_id, visible, tools = meta[key]
         same_system = all(system == members[0][0] for system, _, _ in members)
         prompt = members[0][1] if same_system else visible
         turns.append(Turn(turn_id=_turn_id("agent", step, prompt, example_id), source="agent", step=step,
-                          example_id=example_id, prompt=prompt, candidates=[c for _, _, c in members]))
+                          example_id=example_id, prompt=prompt, candidates=[c for _, _, c in members],
+                          tools=tools))
     return turns
 
 

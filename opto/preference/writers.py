@@ -2,7 +2,9 @@
 
 Each writer turns items into records, validates every record against its format's schema
 (`opto.preference.schemas`) and writes the file atomically. Pick one by name with
-`get_writer("openai-dpo" | "openai-sft" | "trl" | "trl-chat" | "nemo")`.
+`get_writer("openai-dpo" | "openai-sft" | "trl" | "trl-chat" | "nemo", **options)`:
+"trl" needs `tokenizer=` (the target model's, for its chat template) and "nemo" takes
+`prompt="messages" | "string"`.
 """
 
 from __future__ import annotations
@@ -23,22 +25,19 @@ __all__ = [
     "TRLWriter",
     "Writer",
     "get_writer",
-    "render_prompt_text",
 ]
 
 
-def render_prompt_text(messages: Sequence[dict[str, Any]]) -> str:
-    """A message list as one plain-text prompt, for formats that take a string.
-
-    Each message becomes ``"<Role>: <content>"``, separated by blank lines, and the text
-    ends with ``"Assistant:"`` and a newline, where the response begins.
-    """
-    blocks = [f"{str(m['role']).capitalize()}: {m['content']}" for m in messages]
-    return "\n\n".join([*blocks, "Assistant:"]) + "\n"
+def _messages(prompt: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The prompt's messages with what the formats know: role, content, tool calls and ids."""
+    return [{key: m[key] for key in ("role", "content", "tool_calls", "tool_call_id") if m.get(key) is not None}
+            for m in prompt]
 
 
-def _messages(prompt: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+def _with_tools(record: dict[str, Any], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    if tools:
+        record["tools"] = tools
+    return record
 
 
 def _assistant(text: str) -> list[dict[str, str]]:
@@ -83,7 +82,7 @@ class OpenAIDPOWriter(Writer):
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
         return {
-            "input": {"messages": _messages(item.prompt)},
+            "input": _with_tools({"messages": _messages(item.prompt)}, item.tools),
             "preferred_output": _assistant(item.chosen),
             "non_preferred_output": _assistant(item.rejected),
         }
@@ -96,16 +95,34 @@ class OpenAISFTWriter(Writer):
     kind = "supervised"
 
     def to_record(self, item: SupervisedExample) -> dict[str, Any]:
-        return {"messages": [*_messages(item.prompt), *_assistant(item.response)]}
+        return _with_tools({"messages": [*_messages(item.prompt), *_assistant(item.response)]}, item.tools)
 
 
 class TRLWriter(Writer):
-    """TRL standard preference format: prompt, chosen and rejected as strings."""
+    """TRL standard preference format: prompt, chosen and rejected as strings.
+
+    TRL applies no chat template to this format, so the prompt is rendered here with the
+    target model's template (and its generation prompt): the model is trained on the text
+    it sees when served.
+
+    Args:
+        tokenizer: the target model's tokenizer, or the path (or hub id) of its folder.
+    """
 
     format = "trl"
 
+    def __init__(self, *, tokenizer: Any = None) -> None:
+        if tokenizer is None:
+            raise ValueError(
+                "the trl format needs the target model's chat template: pass tokenizer= (a tokenizer or its "
+                "model folder; --tokenizer PATH on the command line), or export trl-chat, which TRL renders "
+                "with the model's template itself")
+        self.tokenizer = _load_tokenizer(tokenizer)
+
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
-        return {"prompt": render_prompt_text(item.prompt), "chosen": item.chosen, "rejected": item.rejected}
+        prompt = self.tokenizer.apply_chat_template(_messages(item.prompt), tools=item.tools, tokenize=False,
+                                                    add_generation_prompt=True)
+        return {"prompt": prompt, "chosen": item.chosen, "rejected": item.rejected}
 
 
 class TRLChatWriter(Writer):
@@ -114,25 +131,27 @@ class TRLChatWriter(Writer):
     format = "trl-chat"
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
-        return {"prompt": _messages(item.prompt), "chosen": _assistant(item.chosen),
-                "rejected": _assistant(item.rejected)}
+        return _with_tools({"prompt": _messages(item.prompt), "chosen": _assistant(item.chosen),
+                            "rejected": _assistant(item.rejected)}, item.tools)
 
 
 class NeMoWriter(Writer):
     """NeMo Customizer DPO format: prompt, chosen_response, rejected_response.
 
     Args:
-        prompt_as_text: write the prompt as one string (`render_prompt_text`) instead of
-            the message list.
+        prompt: "messages" writes the whole conversation as a message list; "string"
+            writes the last message's content, as NeMo Agent Toolkit's string mode does.
     """
 
     format = "nemo"
 
-    def __init__(self, *, prompt_as_text: bool = False) -> None:
-        self.prompt_as_text = prompt_as_text
+    def __init__(self, *, prompt: Literal["messages", "string"] = "messages") -> None:
+        if prompt not in ("messages", "string"):
+            raise ValueError(f"prompt must be 'messages' or 'string', got {prompt!r}")
+        self.prompt = prompt
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
-        prompt: Any = render_prompt_text(item.prompt) if self.prompt_as_text else _messages(item.prompt)
+        prompt: Any = item.prompt[-1]["content"] if self.prompt == "string" else _messages(item.prompt)
         return {"prompt": prompt, "chosen_response": item.chosen, "rejected_response": item.rejected}
 
 
@@ -142,8 +161,30 @@ _WRITERS: dict[str, type[Writer]] = {
 assert set(_WRITERS) == set(FORMATS)
 
 
-def get_writer(fmt: str) -> Writer:
-    """The writer of a format name (see `opto.preference.schemas.FORMATS`)."""
+def get_writer(fmt: str, **options: Any) -> Writer:
+    """The writer of a format name (see `opto.preference.schemas.FORMATS`), made with
+    `options` (None values are left out): `tokenizer` for "trl", `prompt` for "nemo"."""
     if fmt not in _WRITERS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(_WRITERS)}")
-    return _WRITERS[fmt]()
+    options = {key: value for key, value in options.items() if value is not None}
+    try:
+        return _WRITERS[fmt](**options)
+    except TypeError:
+        raise ValueError(f"the {fmt} format takes no option {sorted(options)}") from None
+
+
+def _load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer with a chat template: as given, or loaded from a model folder or hub id."""
+    if isinstance(tokenizer, (str, Path)):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:
+            raise ValueError("loading a tokenizer needs transformers: pip install 'opto[trl]'") from exc
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"could not load a tokenizer from {tokenizer}: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat template, so the trl prompt cannot be rendered as the model "
+                         "sees it; export trl-chat, or give the tokenizer of a chat model")
+    return tokenizer

@@ -44,9 +44,11 @@ def test_readme_search_strategies_example_runs_as_written(capsys):
     assert "'output': 'boxes'" in demos or "'output': 'foxes'" in demos
 
 
-def test_readme_sdk_agent_example_runs_as_written(capsys):
-    section = README.read_text().split("### Bring your own agent: the OpenAI SDK", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    out = capsys.readouterr().out.strip().splitlines()[-1]
-    assert out == "{'prompt': 'Reply in digits.'} 2"
+def test_readme_sdk_and_litellm_tool_agent_examples_run_as_written(capsys):
+    section = README.read_text().split("### Bring your own agent:", 1)[1].split("\n## ", 1)[0]
+    sdk, tools = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
+    exec(compile(sdk, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "{'prompt': 'Reply in digits.'} 2"
+    exec(compile(tools, "README.md", "exec"), {"__name__": "readme"})
+    # two calls (the tool call, then the answer) in each of the train and validation rollouts
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "{'prompt': 'Reply in digits.'} 4"

@@ -20,12 +20,13 @@ __all__ = ["LiteLLMModel", "import_litellm"]
 
 _INSTALL = "LiteLLMModel needs LiteLLM: pip install 'opto[litellm]'"
 
+# LiteLLM fetches its price map from GitHub when imported, retrying for seconds without a
+# network; the copy in the installed package is used instead (unless the user chose).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 
 def import_litellm() -> Any:
-    """The litellm module, set up for offline use: its price table is read from the
-    installed package instead of being fetched at import (which waits on a network
-    this machine may not have), and its debugging banners are off."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    """The litellm module, with its debugging banners off."""
     try:
         import litellm
     except ImportError as exc:

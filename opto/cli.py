@@ -8,9 +8,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .datasets import bigbench_tasks
 from .preference import FORMATS, SOURCES
+
+if TYPE_CHECKING:
+    from .finetune import TrainerAdapter, TrainingJobStatus
 
 __all__ = ["main"]
 
@@ -126,36 +131,27 @@ def _finetune(args: argparse.Namespace) -> int:
     import asyncio
 
     from ._io import atomic_write_json
-    from .finetune import OpenAIFineTuneAdapter, TRLAdapter, TrainingJobStatus
+
+    adapter = _finetune_adapter(args)
+    state = getattr(args, "state", None)
 
     def show(status: TrainingJobStatus) -> int:
         progress = "" if status.progress is None else f" {100 * status.progress:.0f}%"
         print(f"job {status.job_id}: {status.status}{progress}" + (f" - {status.message}" if status.message else ""))
         if status.fine_tuned_model and status.succeeded:
             print(f"fine-tuned model: {status.fine_tuned_model}")
+        if args.action == "cancel":  # the request worked; the job is stopping or stopped
+            return 1 if status.status in ("failed", "succeeded") else 0
         return 1 if status.status in ("failed", "cancelled") else 0
-
-    if args.backend == "trl":
-        if not args.output_dir:
-            raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
-        adapter: OpenAIFineTuneAdapter | TRLAdapter = TRLAdapter(
-            args.model or "", output_dir=args.output_dir, **({"max_steps": args.max_steps} if args.max_steps else {}),
-            config=_hyperparameters(args.hyperparameter))
-    else:
-        if args.action == "submit" and not args.model:
-            raise ValueError("submit needs --model, the base model to fine-tune")
-        adapter = OpenAIFineTuneAdapter(args.model or "unknown", method=args.method, base_url=args.base_url,
-                                        hyperparameters=_hyperparameters(args.hyperparameter), suffix=args.suffix,
-                                        seed=args.seed)
 
     async def run() -> int:
         if args.action == "submit":
             ref = await adapter.submit(args.target, validation_dataset=args.validation_file)
             print(f"submitted job {ref.job_id} ({adapter.backend}, {ref.method}, base model {ref.base_model})")
-            if args.state:
-                state = adapter.state_dict() if isinstance(adapter, OpenAIFineTuneAdapter) else ref.model_dump()
-                atomic_write_json(args.state, state)
-                print(f"saved the adapter state to {args.state}")
+            if state:
+                saved = adapter.state_dict() if hasattr(adapter, "state_dict") else ref.model_dump()
+                atomic_write_json(state, saved)
+                print(f"saved the adapter state to {state} (no key)")
             if not (args.wait or args.backend == "trl"):
                 return show(await adapter.status(ref))
             return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval,
@@ -168,6 +164,46 @@ def _finetune(args: argparse.Namespace) -> int:
         return show(await adapter.cancel(args.target))
 
     return asyncio.run(run())
+
+
+def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
+    """The backend's adapter, from the command line or (status, wait, cancel) from a --state file."""
+    import json
+    import os
+
+    from .finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter, TRLAdapter
+
+    if args.action != "submit" and args.state:
+        if args.backend == "trl":
+            raise ValueError("--state is for the openai and nemo backends; trl reads the job folder in --output-dir")
+        saved = json.loads(Path(args.state).read_text(encoding="utf-8"))
+        restore = NeMoCustomizerAdapter if args.backend == "nemo" else OpenAIFineTuneAdapter
+        return restore.from_state_dict(saved)
+    submit = args.action == "submit"
+    model = getattr(args, "model", None)
+    if submit and not model:
+        raise ValueError({"openai": "submit needs --model, the base model to fine-tune",
+                          "nemo": "submit needs --model, the Customizer config of the base model "
+                                  "(e.g. meta/llama-3.2-1b-instruct@v1.0.0+A100)",
+                          "trl": "submit needs --model, the folder of the Hugging Face model to train"}[args.backend])
+    options = _hyperparameters(getattr(args, "hyperparameter", None))
+    if args.backend == "trl":
+        if not args.output_dir:
+            raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
+        max_steps = getattr(args, "max_steps", None)
+        return TRLAdapter(model or "", output_dir=args.output_dir,
+                          **({"max_steps": max_steps} if max_steps else {}), config=options)
+    method = getattr(args, "method", "dpo")
+    if args.backend == "nemo":
+        return NeMoCustomizerAdapter(model or "unknown", base_url=args.base_url, namespace=args.namespace,
+                                     method="sft" if method in ("sft", "supervised") else "dpo",
+                                     hyperparameters=options)
+    if not (os.environ.get("OPENAI_API_KEY") or args.base_url or os.environ.get("OPENAI_BASE_URL")):
+        raise ValueError("no API key: set OPENAI_API_KEY (it is read from the environment only), or give "
+                         "--base-url for an OpenAI-compatible server that needs none")
+    return OpenAIFineTuneAdapter(model or "unknown", method="supervised" if method in ("sft", "supervised")
+                                 else "dpo", base_url=args.base_url, hyperparameters=options,
+                                 suffix=getattr(args, "suffix", None), seed=getattr(args, "seed", None))
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -203,23 +239,34 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
     ):
         sub = actions.add_parser(action, help=help_text)
         sub.add_argument("target", help=target)
-        sub.add_argument("--backend", choices=["openai", "trl"], default="openai",
-                         help="openai: any OpenAI-compatible fine-tuning API (default); trl: local DPO")
-        sub.add_argument("--base-url", help="OpenAI-compatible API root (default OPENAI_BASE_URL, then OpenAI); "
-                         "the key is read from OPENAI_API_KEY")
+        sub.add_argument("--backend", choices=["openai", "nemo", "trl"], default="openai",
+                         help="openai: any OpenAI-compatible fine-tuning API (default); nemo: NVIDIA NeMo "
+                         "Customizer; trl: local DPO")
+        sub.add_argument("--base-url", help="openai: the API root (default OPENAI_BASE_URL, then OpenAI; the key is "
+                         "read from OPENAI_API_KEY); nemo: the Customizer's root (default NEMO_CUSTOMIZER_URL; "
+                         "the key from NEMO_API_KEY or NGC_API_KEY)")
+        sub.add_argument("--namespace", default="default", help="nemo: the namespace of datasets and models")
         sub.add_argument("--output-dir", help="trl: where job folders are")
-        sub.add_argument("--poll-interval", type=float, default=10.0, help="seconds between status checks")
-        sub.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
-        sub.add_argument("--model", help="submit: the base model (openai: its name; trl: a model folder)")
-        sub.add_argument("--method", choices=["dpo", "supervised"], default="dpo", help="openai: the method")
-        sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
-                         help="openai: e.g. n_epochs=2, beta=0.1; trl: any DPOConfig setting (repeatable)")
-        sub.add_argument("--suffix", help="openai: added to the tuned model's name")
-        sub.add_argument("--seed", type=int, default=None, help="openai: the job's seed")
-        sub.add_argument("--validation-file", help="submit: a validation JSONL file")
-        sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
-        sub.add_argument("--wait", action="store_true", help="submit: wait until the job finishes")
-        sub.add_argument("--state", help="submit: save the adapter state (no key) to this JSON file")
+        if action == "submit":
+            sub.add_argument("--model", help="the base model (openai: its name; nemo: its Customizer config; "
+                             "trl: a model folder)")
+            sub.add_argument("--method", choices=["dpo", "supervised", "sft"], default="dpo",
+                             help="openai, nemo: dpo (default) or supervised (sft)")
+            sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
+                             help="openai: e.g. n_epochs=2, beta=0.1; nemo: e.g. epochs=1, beta=0.1; "
+                             "trl: any DPOConfig setting (repeatable)")
+            sub.add_argument("--suffix", help="openai: added to the tuned model's name")
+            sub.add_argument("--seed", type=int, default=None, help="openai: the job's seed")
+            sub.add_argument("--validation-file", help="a validation JSONL file")
+            sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
+            sub.add_argument("--wait", action="store_true", help="wait until the job finishes")
+            sub.add_argument("--state", help="openai, nemo: save the adapter's state (no key) to this JSON file")
+        else:
+            sub.add_argument("--state", help="openai, nemo: the state file `submit --state` saved (its base URL, "
+                             "settings and jobs) instead of the options above")
+        if action in ("submit", "wait"):
+            sub.add_argument("--poll-interval", type=float, default=10.0, help="seconds between status checks")
+            sub.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
         sub.set_defaults(handler=_finetune)
 
 

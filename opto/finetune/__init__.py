@@ -13,8 +13,9 @@ async. From sync code run each with `asyncio.run(...)`::
     if final.succeeded:
         adapter.switch_models(final, agent_model)   # an OpenAIModel now uses the tuned model
 
-Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint) and
-`TRLAdapter` (local DPO with TRL; needs the ``opto[trl]`` extra).
+Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint),
+`NeMoCustomizerAdapter` (NVIDIA NeMo Customizer) and `TRLAdapter` (local DPO with TRL;
+needs the ``opto[trl]`` extra).
 """
 
 from .base import (
@@ -28,6 +29,7 @@ from .base import (
     TrainingJobRef,
     TrainingJobStatus,
 )
+from .nemo_adapter import NeMoCustomizerAdapter, NeMoCustomizerState
 from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
 from .trl_adapter import TRLAdapter
 
@@ -38,6 +40,8 @@ __all__ = [
     "FineTuneRefused",
     "FineTuneTimeout",
     "JobState",
+    "NeMoCustomizerAdapter",
+    "NeMoCustomizerState",
     "OpenAIFineTuneAdapter",
     "OpenAIFineTuneState",
     "TRLAdapter",

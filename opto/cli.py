@@ -152,7 +152,10 @@ def _finetune(args: argparse.Namespace) -> int:
                 saved = adapter.state_dict() if hasattr(adapter, "state_dict") else ref.model_dump()
                 atomic_write_json(state, saved)
                 print(f"saved the adapter state to {state} (no key)")
-            if not (args.wait or args.backend == "trl"):
+            if args.backend == "trl":
+                print(f"job folder: {Path(args.output_dir) / ref.job_id} (follow it with: opto finetune status "
+                      f"{ref.job_id} --backend trl --output-dir {args.output_dir})")
+            if not args.wait:
                 return show(await adapter.status(ref))
             return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval,
                                                           timeout=args.timeout))
@@ -192,7 +195,8 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
             raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
         max_steps = getattr(args, "max_steps", None)
         return TRLAdapter(model or "", output_dir=args.output_dir,
-                          **({"max_steps": max_steps} if max_steps else {}), config=options)
+                          **({"max_steps": max_steps} if max_steps else {}), config=options,
+                          lora=True if getattr(args, "lora", False) else None)
     method = getattr(args, "method", "dpo")
     if args.backend == "nemo":
         return NeMoCustomizerAdapter(model or "unknown", base_url=args.base_url, namespace=args.namespace,
@@ -259,6 +263,8 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--seed", type=int, default=None, help="openai: the job's seed")
             sub.add_argument("--validation-file", help="a validation JSONL file")
             sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
+            sub.add_argument("--lora", action="store_true", help="trl: train a LoRA adapter (peft) instead of all "
+                             "weights")
             sub.add_argument("--wait", action="store_true", help="wait until the job finishes")
             sub.add_argument("--state", help="openai, nemo: save the adapter's state (no key) to this JSON file")
         else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -135,7 +137,64 @@ def test_bad_input_is_refused_before_training(exported: dict[str, Path], tmp_pat
 def test_cli_trl_submit(exported: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["finetune", "submit", str(exported["chat"]), "--backend", "trl", "--model", str(exported["model"]),
                  "--output-dir", str(tmp_path), "--max-steps", "1", "--poll-interval", "0.2",
-                 "--hyperparameter", "max_length=512"])
+                 "--hyperparameter", "max_length=512", "--wait"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "succeeded" in printed and f"fine-tuned model: {tmp_path}" in printed
+
+
+def test_submit_returns_at_once_and_a_lora_run_saves_an_adapter(exported: dict[str, Path], tmp_path: Path) -> None:
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path, max_steps=2, per_device_train_batch_size=2,
+                         learning_rate=1e-3, lora={"r": 4, "lora_alpha": 8})
+    ref = asyncio.run(adapter.submit(exported["chat"]))
+    assert asyncio.run(adapter.status(ref)).status in ("pending", "running")  # training is in another process
+    final = asyncio.run(TRLAdapter(exported["model"], output_dir=tmp_path).wait_until_complete(
+        ref, poll_interval=0.2, timeout=240))
+    assert final.status == "succeeded", final.message
+    tuned = Path(final.fine_tuned_model)
+    config = json.loads((tuned / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["peft_type"] == "LORA"
+    assert any(p.name.startswith("adapter_model") for p in tuned.iterdir())
+    from peft import PeftModel
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(exported["model"])
+    assert isinstance(PeftModel.from_pretrained(base, tuned), PeftModel)
+
+
+def test_cancel_from_another_adapter_stops_a_running_job(exported: dict[str, Path], tmp_path: Path) -> None:
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path, max_steps=100000, per_device_train_batch_size=1)
+    ref = asyncio.run(adapter.submit(exported["chat"]))
+    other = TRLAdapter(exported["model"], output_dir=tmp_path, cancel_grace=60)  # as another process would
+    deadline = time.monotonic() + 120
+    while "step" not in asyncio.run(other.status(ref)).message and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert asyncio.run(other.cancel(ref)).status == "cancelled"
+    adapter.join(ref, timeout=60)
+    assert adapter._processes[ref.job_id].returncode == 0  # it stopped on its own, after a step
+
+
+def test_a_killed_worker_is_reported_failed_with_its_log(exported: dict[str, Path], tmp_path: Path) -> None:
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path, max_steps=100000, per_device_train_batch_size=1)
+    ref = asyncio.run(adapter.submit(exported["chat"]))
+    process = adapter._processes[ref.job_id]
+    while "training" not in asyncio.run(adapter.status(ref)).message and "step" not in asyncio.run(
+            adapter.status(ref)).message:
+        time.sleep(0.2)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    final = asyncio.run(TRLAdapter(exported["model"], output_dir=tmp_path).status(ref))
+    assert final.status == "failed" and "ended without a result" in final.error
+
+
+def test_cli_trl_submit_returns_and_status_and_wait_work_from_a_new_command(
+        exported: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--backend", "trl", "--output-dir", str(tmp_path)]
+    assert main(["finetune", "submit", str(exported["chat"]), "--model", str(exported["model"]), *base,
+                 "--max-steps", "1", "--lora"]) == 0
+    printed = capsys.readouterr().out
+    job_id = printed.split("submitted job ", 1)[1].split()[0]
+    assert f"job folder: {tmp_path / job_id}" in printed and "succeeded" not in printed  # it did not wait
+    assert main(["finetune", "wait", job_id, *base, "--poll-interval", "0.2", "--timeout", "240"]) == 0
+    assert main(["finetune", "status", job_id, *base]) == 0
+    assert "succeeded" in capsys.readouterr().out
+    assert (tmp_path / job_id / "model" / "adapter_config.json").is_file()

@@ -3,50 +3,48 @@
 It trains a Hugging Face causal LM (a local folder with config, weights and tokenizer, or
 a hub id when the machine may download) on a preference file written by
 ``opto export --format trl-chat`` (conversational, needs a tokenizer with a chat template)
-or ``--format trl`` (plain text). The job runs in a background thread, so `submit`
-returns at once; `status` and `wait_until_complete` follow it, `cancel` stops it after
-the current step. Each job keeps its files in ``output_dir/<job_id>/``: ``job.json`` (its
-state, readable from another process), TRL's checkpoints and, on success, the tuned
-model in ``model/`` (the job's `fine_tuned_model`).
+or ``--format trl --tokenizer MODEL`` (text rendered with the model's template), fully or
+with LoRA (peft).
+
+Each job trains in a child process of its own (``python -m opto.finetune.trl_worker``),
+so `submit` returns at once, a crash in training cannot take the caller down, and the
+job outlives the process that started it. Everything about a job is in its folder
+``output_dir/<job_id>/``: ``settings.json`` (what to train), ``job.json`` (its state,
+written by the worker), ``process.json`` (the worker's pid), ``cancel`` (a cancel
+request), ``train.log``, TRL's files and, on success, the tuned model (or LoRA adapter)
+in ``model/``. So `status`, `wait_until_complete` and `cancel` work from any process
+that knows `output_dir` and the job id.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from .._io import atomic_write_text, read_jsonl
-from ..preference.schemas import DatasetFormatError, validate_jsonl
-from .base import FineTuneError, JobState, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
+from .._io import atomic_write_json
+from ..preference.schemas import validate_jsonl
+from .base import FineTuneError, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
+from .trl_job import DEFAULT_LORA, JobFiles, JobState
 
 __all__ = ["TRLAdapter"]
 
 logger = logging.getLogger(__name__)
 
-_INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings trl and torch)"
-
-
-class _JobState(BaseModel):
-    job_id: str
-    status: JobState = "pending"
-    progress: float | None = 0.0
-    message: str = ""
-    fine_tuned_model: str | None = None
-    error: str | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
+_INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings trl, peft and torch)"
 
 
 class TRLAdapter(TrainerAdapter):
-    """Run DPO locally with TRL on a Hugging Face model.
+    """Run DPO locally with TRL on a Hugging Face model, in a child process per job.
 
     Args:
         model_path: a local model folder (or hub id) with its tokenizer.
@@ -56,7 +54,12 @@ class TRLAdapter(TrainerAdapter):
         gradient_accumulation_steps, max_length, seed: the usual `DPOConfig` settings
             (`max_steps=-1` trains for `num_train_epochs`).
         config: more `DPOConfig` keyword arguments, applied last.
+        lora: None trains all weights; True trains a LoRA adapter with opto's defaults
+            (r 8, alpha 16, dropout 0.05, all linear layers); a mapping gives
+            `peft.LoraConfig` arguments (merged over the defaults).
         min_examples: the fewest pairs accepted.
+        cancel_grace: seconds `cancel` waits for the worker to stop after its current
+            step before it terminates the process.
 
     Without a CUDA device, bf16 and pinned memory are off unless `config` sets them.
     """
@@ -77,7 +80,9 @@ class TRLAdapter(TrainerAdapter):
         max_length: int | None = 1024,
         seed: int = 0,
         config: Mapping[str, Any] | None = None,
+        lora: bool | Mapping[str, Any] | None = None,
         min_examples: int = 1,
+        cancel_grace: float = 10.0,
     ) -> None:
         self.model_path = str(model_path)
         self.output_dir = Path(output_dir)
@@ -87,11 +92,15 @@ class TRLAdapter(TrainerAdapter):
             "gradient_accumulation_steps": gradient_accumulation_steps, "max_length": max_length, "seed": seed,
             **dict(config or {}),
         }
+        if lora is True:
+            self.lora: dict[str, Any] | None = dict(DEFAULT_LORA)
+        elif isinstance(lora, Mapping):
+            self.lora = {**DEFAULT_LORA, **dict(lora)}
+        else:
+            self.lora = None
         self.min_examples = min_examples
-        self._jobs: dict[str, _JobState] = {}
-        self._stops: dict[str, threading.Event] = {}
-        self._threads: dict[str, threading.Thread] = {}
-        self._lock = threading.Lock()
+        self.cancel_grace = cancel_grace
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
         return f"TRLAdapter({self.model_path!r}, output_dir={str(self.output_dir)!r})"
@@ -99,13 +108,13 @@ class TRLAdapter(TrainerAdapter):
     # -- protocol --------------------------------------------------------------------
 
     async def initialize(self) -> None:
-        """Check that trl, transformers, datasets and torch import."""
-        _require_trl()
+        """Check that trl, transformers, datasets and torch (and peft for LoRA) import."""
+        _require_trl(self.lora is not None)
 
     async def is_healthy(self) -> bool:
         """True when TRL imports and the model folder (if local) has a config."""
         try:
-            _require_trl()
+            _require_trl(self.lora is not None)
         except FineTuneError as exc:
             logger.warning("%s", exc)
             return False
@@ -114,147 +123,123 @@ class TRLAdapter(TrainerAdapter):
 
     async def submit(self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None,
                      **kwargs: Any) -> TrainingJobRef:
-        """Validate the file (trl-chat or trl format) and start training in the background."""
+        """Validate the file (trl-chat or trl format) and start training in a child process."""
         if kwargs:
             raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if not isinstance(dataset, (str, Path)):
             raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
-        _require_trl()
-        fmt = _detect_format(Path(dataset))
-        validate_jsonl(dataset, fmt, min_examples=self.min_examples)
+        _require_trl(self.lora is not None)
+        validate_jsonl(dataset, _detect_format(Path(dataset)), min_examples=self.min_examples)
         if validation_dataset is not None:
             validate_jsonl(validation_dataset, _detect_format(Path(validation_dataset)), min_examples=1)
         job_id = f"trl-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        state = _JobState(job_id=job_id, message="queued")
-        stop = threading.Event()
-        with self._lock:
-            self._jobs[job_id] = state
-            self._stops[job_id] = stop
-        self._save(state)
-        thread = threading.Thread(target=self._run, name=f"opto-{job_id}",
-                                  args=(state, Path(dataset), validation_dataset, stop))
-        self._threads[job_id] = thread
-        thread.start()
+        files = JobFiles(self.output_dir / job_id)
+        files.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(files.settings, {
+            "model_path": self.model_path, "dataset": str(Path(dataset).resolve()),
+            "validation": str(Path(validation_dataset).resolve()) if validation_dataset else None,
+            "settings": self.settings, "lora": self.lora})
+        files.write_state(JobState(job_id=job_id, message="queued"))
+        with files.log.open("ab") as log:
+            process = subprocess.Popen([sys.executable, "-m", "opto.finetune.trl_worker", str(files.folder)],
+                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)  # its own group: survives a Ctrl-C of the caller
+        files.write_process(process.pid)
+        self._processes[job_id] = process
         return TrainingJobRef(job_id=job_id, backend=self.backend, base_model=self.model_path, method="dpo",
                               training_file=str(dataset),
                               validation_file=str(validation_dataset) if validation_dataset else None)
 
     async def status(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
-        """The job's state (from memory, or from its job.json written by another process)."""
+        """The job's state, read from its folder (so from any process).
+
+        A worker that died without writing a final state (killed, out of memory) is
+        reported as failed, with the end of its log.
+        """
         job_id = job_id_of(ref)
-        with self._lock:
-            state = self._jobs.get(job_id)
-            state = state.model_copy() if state is not None else None
-        if state is None:
-            path = self.output_dir / job_id / "job.json"
-            if not path.is_file():
-                raise FineTuneError(f"no TRL job {job_id!r} in {self.output_dir}")
-            state = _JobState.model_validate_json(path.read_text(encoding="utf-8"))
+        files = self._files(job_id)
+        state = files.read_state()
+        if not state.done and not self._worker_alive(job_id, files):
+            state = files.read_state()  # it may have finished between the two reads
+            if not state.done:
+                tail = files.log_tail()
+                state = state.model_copy(update={
+                    "status": "failed", "finished_at": time.time(), "progress": None,
+                    "error": "the training process ended without a result" + (f": {tail}" if tail else ""),
+                    "message": "the training process ended without a result (see train.log)"})
+                files.write_state(state)
         return TrainingJobStatus(job_id=job_id, status=state.status, raw_status=state.status,
                                  progress=state.progress, message=state.message,
                                  fine_tuned_model=state.fine_tuned_model, error=state.error)
 
     async def cancel(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
-        """Stop the job after its current step (only jobs of this process can be cancelled)."""
+        """Stop the job after its current step (from any process); a worker that does not
+        stop within `cancel_grace` seconds is terminated."""
         job_id = job_id_of(ref)
-        stop = self._stops.get(job_id)
-        if stop is None:
-            raise FineTuneError(f"TRL job {job_id!r} was not started by this adapter; it cannot be cancelled here")
-        stop.set()
-        self._update(job_id, message="cancelling after the current step")
+        files = self._files(job_id)
+        if files.read_state().done:
+            return await self.status(job_id)
+        files.cancel.touch()
+        deadline = time.monotonic() + self.cancel_grace
+        while time.monotonic() < deadline:
+            if files.read_state().done or not self._worker_alive(job_id, files):
+                break
+            await asyncio.sleep(0.1)
+        if not files.read_state().done:
+            pid = files.live_pid()
+            if pid is not None:
+                try:
+                    os.killpg(pid, signal.SIGTERM)  # the worker leads its own process group
+                except ProcessLookupError:
+                    pass
+                await asyncio.to_thread(self._reap, job_id)
+            state = files.read_state()
+            if not state.done:
+                files.write_state(state.model_copy(update={"status": "cancelled", "finished_at": time.time(),
+                                                           "message": "cancelled (the worker was terminated)"}))
         return await self.status(job_id)
 
     def join(self, ref: TrainingJobRef | str, timeout: float | None = None) -> None:
-        """Block until the job's thread ends (sync code that has nothing else to do)."""
-        thread = self._threads.get(job_id_of(ref))
-        if thread is not None:
-            thread.join(timeout)
+        """Block until a job this adapter started has ended (sync code with nothing else to do)."""
+        process = self._processes.get(job_id_of(ref))
+        if process is not None:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
 
-    # -- the training thread ---------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------
 
-    def _update(self, job_id: str, **fields: Any) -> None:
-        with self._lock:
-            state = self._jobs[job_id]
-            for key, value in fields.items():
-                setattr(state, key, value)
-            snapshot = state.model_copy()
-        self._save(snapshot)
+    def _files(self, job_id: str) -> JobFiles:
+        files = JobFiles(self.output_dir / job_id)
+        if not files.state.is_file():
+            raise FineTuneError(f"no TRL job {job_id!r} in {self.output_dir}")
+        return files
 
-    def _save(self, state: _JobState) -> None:
-        folder = self.output_dir / state.job_id
-        folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "job.json", state.model_dump_json(indent=2) + "\n")
+    def _worker_alive(self, job_id: str, files: JobFiles) -> bool:
+        process = self._processes.get(job_id)
+        if process is not None:  # our own child: poll() also reaps it
+            return process.poll() is None
+        if not files.process.is_file():  # submitted a moment ago: the pid is not written yet
+            return True
+        return files.live_pid() is not None
 
-    def _run(self, state: _JobState, dataset: Path, validation: str | Path | None, stop: threading.Event) -> None:
-        job_id = state.job_id
-        self._update(job_id, status="running", started_at=time.time(), message="loading the model")
-        try:
-            final = self._train(job_id, dataset, validation, stop)
-        except Exception as exc:  # the job's failure is reported through status()
-            logger.exception("TRL job %s failed", job_id)
-            self._update(job_id, status="failed", progress=None, finished_at=time.time(),
-                         error=f"{type(exc).__name__}: {exc}", message=f"training failed: {type(exc).__name__}: {exc}")
-            return
-        if stop.is_set():
-            self._update(job_id, status="cancelled", finished_at=time.time(), message="cancelled",
-                         fine_tuned_model=None)
-        else:
-            self._update(job_id, status="succeeded", progress=1.0, finished_at=time.time(),
-                         fine_tuned_model=str(final), message=f"fine-tuned model: {final}")
-
-    def _train(self, job_id: str, dataset: Path, validation: str | Path | None, stop: threading.Event) -> Path:
-        import torch
-        from datasets import Dataset
-        from transformers import AutoTokenizer, TrainerCallback
-        from trl import DPOConfig, DPOTrainer
-
-        adapter = self
-
-        class Progress(TrainerCallback):  # type: ignore[misc]
-            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-                total = state.max_steps or 0
-                adapter._update(job_id, progress=(state.global_step / total) if total else None,
-                                message=f"step {state.global_step}/{total}")
-                if stop.is_set():
-                    control.should_training_stop = True
-                return control
-
-        folder = self.output_dir / job_id
-        settings = dict(self.settings)
-        if not torch.cuda.is_available():
-            settings.setdefault("bf16", False)
-            settings.setdefault("dataloader_pin_memory", False)
-        settings.setdefault("report_to", "none")
-        settings.setdefault("save_strategy", "no")
-        settings.setdefault("logging_steps", 1)
-        args = DPOConfig(output_dir=str(folder / "trainer"), **settings)
-        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        train = Dataset.from_list(read_jsonl(dataset))
-        evaluation = Dataset.from_list(read_jsonl(validation)) if validation else None
-        if isinstance(train[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
-            raise DatasetFormatError(
-                f"{dataset} is conversational (trl-chat) but the tokenizer of {self.model_path} has no chat "
-                "template; export with --format trl instead, or give the tokenizer a chat_template"
-            )
-        trainer = DPOTrainer(model=self.model_path, args=args, train_dataset=train, eval_dataset=evaluation,
-                             processing_class=tokenizer, callbacks=[Progress()])
-        self._update(job_id, message="training")
-        trainer.train()
-        final = folder / "model"
-        if not stop.is_set():
-            trainer.save_model(str(final))
-            tokenizer.save_pretrained(str(final))
-        return final
+    def _reap(self, job_id: str) -> None:
+        process = self._processes.get(job_id)
+        if process is not None:
+            try:
+                process.wait(timeout=self.cancel_grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
-def _require_trl() -> None:
-    try:
-        import datasets  # noqa: F401
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        import trl  # noqa: F401
-    except ImportError as exc:
-        raise FineTuneError(f"{_INSTALL} ({exc})") from None
+def _require_trl(lora: bool = False) -> None:
+    import importlib.util
+
+    for module in ("datasets", "torch", "transformers", "trl", *(("peft",) if lora else ())):
+        if importlib.util.find_spec(module) is None:
+            raise FineTuneError(f"{_INSTALL} (no module named {module!r})")
 
 
 def _detect_format(path: Path) -> str:

@@ -46,8 +46,9 @@ class SportsAgent(Agent):
     async def forward(self, question: str) -> str:
         messages = [{"role": "system", "content": self.instructions.value}, {"role": "user", "content": question}]
         votes = self.votes.value
-        reply = await self.model.complete(messages, n=votes, max_tokens=16, temperature=0.0 if votes == 1 else 0.8,
-                                          seed=0)
+        # The verdict is in the first sentence: stop there, so a reply is complete, never cut.
+        reply = await self.model.complete(messages, n=votes, max_tokens=64, temperature=0.0 if votes == 1 else 0.8,
+                                          seed=0, stop=["\n", "."])
         return Counter(read_verdict(text) for text in reply.texts).most_common(1)[0][0]
 
 
@@ -55,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model on an OpenAI-compatible server (default: local SmolLM2)")
     parser.add_argument("--base-url", help="OpenAI-compatible API root")
-    parser.add_argument("--train", type=int, default=6)
+    parser.add_argument("--train", type=int, default=12, help="training examples (12 make 10+ preference pairs)")
     parser.add_argument("--test", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=3)
     parser.add_argument("--num-proposals", type=int, default=1, help="proposals per instance (2+ for preference data)")

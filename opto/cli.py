@@ -59,18 +59,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _fake_server(args: argparse.Namespace) -> int:
-    from .testing import FakeOpenAIServer
+    from .testing import FakeNeMoCustomizer, FakeOpenAIServer
 
-    reply = None if args.echo or args.reply is None else args.reply
-    with FakeOpenAIServer(reply=reply, latency=args.latency, port=args.port,
-                          rate_limit_rps=args.rate_limit) as server:
-        print(f"FakeOpenAIServer listening on {server.base_url} (Ctrl-C to stop)", flush=True)
-        print(f'  e.g. OpenAIModel("any", base_url="{server.base_url}", api_key="test")', flush=True)
+    if args.nemo:
+        server: FakeOpenAIServer | FakeNeMoCustomizer = FakeNeMoCustomizer(port=args.port)
+        hint = "opto finetune submit FILE --backend nemo --base-url {url} --model CONFIG"
+    else:
+        reply = None if args.echo or args.reply is None else args.reply
+        server = FakeOpenAIServer(reply=reply, latency=args.latency, port=args.port, rate_limit_rps=args.rate_limit)
+        hint = 'OpenAIModel("any", base_url="{url}", api_key="test")'
+    with server:
+        print(f"{type(server).__name__} listening on {server.base_url} (Ctrl-C to stop)", flush=True)
+        print("  e.g. " + hint.format(url=server.base_url), flush=True)
         try:
             threading.Event().wait()
         except KeyboardInterrupt:
             pass
-    print(f"stopped after {len(server.chat_requests)} chat requests", flush=True)
+    print(f"stopped after {len(server.requests)} requests", flush=True)
     return 0
 
 
@@ -303,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("--reply", help="the text every chat completion answers")
     answer.add_argument("--echo", action="store_true", help='answer "echo: <last user message>" (the default)')
     fake.add_argument("--rate-limit", type=float, default=None, help="requests per second before 429s")
+    fake.add_argument("--nemo", action="store_true", help="serve the fake NeMo Data Store, Entity Store and "
+                      "Customizer instead (for opto finetune --backend nemo)")
     fake.set_defaults(handler=_fake_server)
     report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
     report.add_argument("run_dir", help="the run directory")

@@ -160,4 +160,4 @@ def test_the_fake_server_command_serves_until_stopped():
     finally:
         process.send_signal(signal.SIGINT)
         out, _ = process.communicate(timeout=20)
-    assert process.returncode == 0 and "stopped after 1 chat requests" in out
+    assert process.returncode == 0 and "stopped after 1 requests" in out

@@ -52,3 +52,53 @@ def test_readme_sdk_and_litellm_tool_agent_examples_run_as_written(capsys):
     exec(compile(tools, "README.md", "exec"), {"__name__": "readme"})
     # two calls (the tool call, then the answer) in each of the train and validation rollouts
     assert capsys.readouterr().out.strip().splitlines()[-1] == "{'prompt': 'Reply in digits.'} 4"
+
+
+def _weights_snippets() -> list[str]:
+    section = README.read_text().split("## From prompts to weights", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+def _dpo_rows(n: int = 10) -> str:
+    rows = [{"input": {"messages": [{"role": "user", "content": f"{i}+{i}?"}]},
+             "preferred_output": [{"role": "assistant", "content": str(2 * i)}],
+             "non_preferred_output": [{"role": "assistant", "content": "no idea"}]} for i in range(n)]
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def test_readme_weights_snippets_run_as_written(tmp_path, monkeypatch, capsys):
+    from opto import RunDir
+    from opto.testing import FakeNeMoCustomizer
+
+    train, openai_adapter, nemo_adapter = _weights_snippets()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+
+    def reply(request):  # two different proposals, so each is scored on its own
+        system = request["messages"][0]["content"]
+        if "improve the parameters" in system or "merge several suggested updates" in system:
+            prompt = "Reply with the number in digits." if request.get("seed", 0) % 2 else "Count carefully."
+            return [json.dumps({"reasoning": "r", "suggestion": {"prompt": prompt}})] * (request.get("n") or 1)
+        return "12" if "digits" in system else "a dozen"
+
+    with FakeOpenAIServer(reply=reply) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        exec(compile(train, "README.md", "exec"), {"__name__": "readme"})
+        assert any(r["type"] == "proposal_score" for r in RunDir(tmp_path / "runs" / "qa").ledger())
+
+        (tmp_path / "pairs.jsonl").write_text(_dpo_rows())
+        server.job_script = ["succeeded"]
+        exec(compile(openai_adapter, "README.md", "exec"), {"__name__": "readme"})
+        [job] = server.jobs.values()
+        assert capsys.readouterr().out.strip().splitlines()[-1] == f"succeeded {job['fine_tuned_model']}"
+
+    nemo_rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}?"}], "chosen_response": str(2 * i),
+                  "rejected_response": "no idea"} for i in range(10)]
+    (tmp_path / "pairs.nemo.jsonl").write_text("".join(json.dumps(row) + "\n" for row in nemo_rows))
+    with FakeNeMoCustomizer(job_script=["completed"]) as nemo:
+        monkeypatch.setenv("NEMO_CUSTOMIZER_URL", nemo.base_url)
+        exec(compile(nemo_adapter, "README.md", "exec"), {"__name__": "readme"})
+        [nemo_job] = nemo.jobs.values()
+    status, model = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert status == "succeeded" and model == nemo_job.request["output_model"]
+    assert nemo_job.request["hyperparameters"]["finetuning_type"] == "lora"

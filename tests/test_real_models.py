@@ -79,6 +79,14 @@ async def test_local_complete_returns_text_and_usage(model: LocalModel) -> None:
     assert model.usage.calls >= 1
 
 
+async def test_local_stop_strings_end_the_reply_before_the_token_limit(model: LocalModel) -> None:
+    long = await model.complete(_user("Write three sentences about football."), max_tokens=64, temperature=0)
+    stopped = await model.complete(_user("Write three sentences about football."), max_tokens=64, temperature=0,
+                                   stop=["."])
+    assert "." in long.text.rstrip(".")  # without stop, the reply goes on past its first sentence
+    assert "." not in stopped.text and stopped.finish_reason == "stop" and not stopped.truncated
+
+
 async def test_local_json_mode_returns_parseable_object(model: LocalModel) -> None:
     completion = await model.complete(
         _user(JSON_PROMPT), response_format={"type": "json_object"}, max_tokens=80, temperature=0

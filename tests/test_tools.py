@@ -301,3 +301,19 @@ def test_budget_exceeded_is_raised_by_an_instrumented_client_outside_a_run():
         with pytest.raises(BudgetExceeded):
             client.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)
         handle.close()
+
+
+async def test_stop_strings_end_a_reply_that_is_then_complete_not_truncated():
+    with FakeOpenAIServer(reply="plausible\nBecause the player ...") as server:
+        model = OpenAIModel("m", base_url=server.base_url)
+        try:
+            completion = await model.complete(QUESTION, stop=["\n"])
+        finally:
+            model.close()
+        assert server.chat_requests[0]["stop"] == ["\n"]
+    assert completion.text == "plausible" and not completion.truncated
+    scripted = ScriptedModel(["x"])
+    await scripted.complete(QUESTION, stop=["."])
+    assert scripted.requests[0]["stop"] == ["."]
+    with pytest.raises(ValueError, match="1 to 4 non-empty strings"):
+        await ScriptedModel(["x"]).complete(QUESTION, stop=[""])

@@ -75,8 +75,12 @@ class Model(ABC):
         seed: int | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        stop: list[str] | None = None,
     ) -> Completion:
         """Send a chat request and return `n` samples.
+
+        `stop` ends a reply where one of its strings would begin (up to 4, as OpenAI
+        allows); such a reply is complete (finish reason "stop"), not truncated.
 
         `tools` are function definitions in the OpenAI chat shape
         ({"type": "function", "function": {"name", "description", "parameters"}}) and
@@ -92,6 +96,10 @@ class Model(ABC):
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens!r}")
         tool_options = _tool_options(tools, tool_choice)
+        if stop is not None:
+            if not isinstance(stop, list) or not 1 <= len(stop) <= 4 or not all(isinstance(x, str) and x for x in stop):
+                raise ValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
+            tool_options["stop"] = stop  # like tools: sent, and in the cache key, only when given
         request = {
             "model": self.name,
             "messages": messages,
@@ -100,7 +108,7 @@ class Model(ABC):
             "max_tokens": max_tokens,
             "n": n,
             "seed": seed,
-            **tool_options,  # absent without tools, so the keys of earlier cached requests still match
+            **tool_options,  # absent unless given, so the keys of earlier cached requests still match
         }
         keys = [request_key(request, i) for i in range(n)] if self.cache is not None else []
         texts: list[str | None] = [None] * n
@@ -183,9 +191,9 @@ class Model(ABC):
     ) -> Completion:
         """Call the backend once for `n` samples (no cache, no budget: `complete` does those).
 
-        With tools, `complete` also passes `tools` and `tool_choice` (never without, so a
-        backend written before tools existed keeps working); a backend that cannot call
-        tools raises `LLMRequestError` for them.
+        With tools, `complete` also passes `tools` and `tool_choice`, and with stop strings
+        `stop` (never without, so a backend written before they existed keeps working); a
+        backend that cannot call tools raises `LLMRequestError` for them.
         """
 
     async def aclose(self) -> None:

@@ -99,6 +99,7 @@ class LocalModel(Model):
         seed: int | None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        stop: list[str] | None = None,
     ) -> Completion:
         if tools is not None:
             # llama.cpp's tool calling needs a function-calling chat format the small
@@ -106,6 +107,8 @@ class LocalModel(Model):
             raise LLMRequestError(f"{self.name}: LocalModel does not support tools; serve the model with an "
                                   "OpenAI-compatible server that does and use OpenAIModel")
         kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
+        if stop is not None:
+            kwargs["stop"] = stop
         if response_format is not None:
             kwargs["response_format"] = _llama_format(response_format)
         if temperature is not None:

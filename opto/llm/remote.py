@@ -133,8 +133,11 @@ class RemoteChatModel(Model):
         seed: int | None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        stop: list[str] | None = None,
     ) -> Completion:
         params: dict[str, Any] = {"model": self.name, "messages": messages}
+        if stop is not None:
+            params["stop"] = stop
         if tools is not None:
             params["tools"] = tools
         if tool_choice is not None:

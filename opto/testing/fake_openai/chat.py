@@ -196,6 +196,8 @@ class ChatAPI:
         if not isinstance(n, int) or n < 1:
             return error(400, f"Invalid n: {n!r}", param="n")
         reply = self._make_reply(body, n)
+        if isinstance(body.get("stop"), list):  # a reply ends where a stop string would begin
+            reply.texts = [_cut_at(text, body["stop"]) for text in reply.texts]
         if reply.status != 200:
             texts = [reply.texts] if isinstance(reply.texts, str) else reply.texts
             return error(reply.status, " ".join(texts))
@@ -263,6 +265,11 @@ class ChatAPI:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _cut_at(text: str, stops: list[Any]) -> str:
+    ends = [text.find(stop) for stop in stops if isinstance(stop, str) and stop and stop in text]
+    return text[:min(ends)] if ends else text
 
 
 def _message(text: str, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""The README's walkthrough from prompts to weights, run as written: the shipped example on
+the embedded model, the export, and the fine-tuning submits against the offline fakes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opto.testing import FakeNeMoCustomizer, FakeOpenAIServer
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
+
+
+def walkthrough_commands() -> list[list[str]]:
+    section = (ROOT / "README.md").read_text().split("## From prompts to weights", 1)[1].split("**1. Train", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    return [shlex.split(line) for block in blocks for line in block.strip().splitlines()]
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
+    program = {"python": [sys.executable], "opto": [sys.executable, "-m", "opto.cli"]}[command[0]]
+    done = subprocess.run([*program, *command[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{shlex.join(command)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_readme_walkthrough_runs_as_written_on_the_embedded_model(tmp_path: Path) -> None:
+    commands = walkthrough_commands()
+    assert [c[:2] for c in commands] == [["python", "examples/custom_agent.py"], ["opto", "export"],
+                                         ["opto", "finetune"], ["opto", "export"], ["opto", "finetune"]]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "OPENAI_API_KEY": "test-key"}
+    run(commands[0], tmp_path, env)
+    exported = run(commands[1], tmp_path, env)
+    pairs = int(re.search(r"wrote (\d+) openai-dpo records", exported).group(1))
+    assert pairs >= 10  # the fine-tuning endpoints ask for at least 10
+    with FakeOpenAIServer() as openai_server:
+        submitted = run(commands[2], tmp_path, {**env, "OPENAI_BASE_URL": openai_server.base_url})
+        [job] = openai_server.jobs.values()
+    assert "succeeded" in submitted and job["method"]["type"] == "dpo"
+    run(commands[3], tmp_path, env)
+    with FakeNeMoCustomizer() as nemo:
+        submitted = run(commands[4], tmp_path, {**env, "NEMO_CUSTOMIZER_URL": nemo.base_url})
+        [nemo_job] = nemo.jobs.values()
+    assert "succeeded" in submitted and nemo_job.request["hyperparameters"]["training_type"] == "dpo"

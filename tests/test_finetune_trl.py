@@ -115,9 +115,17 @@ def test_the_plain_export_is_rendered_with_the_models_chat_template(exported: di
     assert not any("Assistant:" in r["prompt"] for r in rows)  # no home-made template
 
 
-def test_plain_text_export_trains_too_and_cancel_stops(exported: dict[str, Path]) -> None:
-    adapter = TRLAdapter(exported["model"], output_dir=exported["folder"] / "jobs-plain", max_steps=50,
-                         per_device_train_batch_size=1)
+def test_the_plain_export_trains_two_steps_too(exported: dict[str, Path]) -> None:
+    adapter = TRLAdapter(exported["model"], output_dir=exported["folder"] / "jobs-plain", max_steps=2,
+                         per_device_train_batch_size=2, learning_rate=1e-3)
+    ref = asyncio.run(adapter.submit(exported["plain"]))
+    final = asyncio.run(adapter.wait_until_complete(ref, poll_interval=0.2, timeout=240))
+    assert final.status == "succeeded", final.message
+    assert (Path(final.fine_tuned_model) / "config.json").is_file()
+
+
+def test_a_job_cancelled_before_it_starts_training_ends_cancelled(exported: dict[str, Path], tmp_path: Path) -> None:
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path, max_steps=50, per_device_train_batch_size=1)
     ref = asyncio.run(adapter.submit(exported["plain"]))
     asyncio.run(adapter.cancel(ref))
     final = asyncio.run(adapter.wait_until_complete(ref, poll_interval=0.2, timeout=240))

@@ -95,11 +95,11 @@ class Model(ABC):
             raise ValueError(f"n must be a positive int, got {n!r}")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens!r}")
-        tool_options = _tool_options(tools, tool_choice)
+        optional = _tool_options(tools, tool_choice)  # sent, and in the cache key, only when given
         if stop is not None:
             if not isinstance(stop, list) or not 1 <= len(stop) <= 4 or not all(isinstance(x, str) and x for x in stop):
                 raise ValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
-            tool_options["stop"] = stop  # like tools: sent, and in the cache key, only when given
+            optional["stop"] = stop
         request = {
             "model": self.name,
             "messages": messages,
@@ -108,7 +108,7 @@ class Model(ABC):
             "max_tokens": max_tokens,
             "n": n,
             "seed": seed,
-            **tool_options,  # absent unless given, so the keys of earlier cached requests still match
+            **optional,  # absent unless given, so the keys of earlier cached requests still match
         }
         keys = [request_key(request, i) for i in range(n)] if self.cache is not None else []
         texts: list[str | None] = [None] * n
@@ -130,7 +130,7 @@ class Model(ABC):
                 max_tokens=max_tokens,
                 n=len(missing),
                 seed=seed,
-                **tool_options,
+                **optional,
             )
             usage, model_name = fresh.usage, fresh.model or self.name
             for j, (i, text) in enumerate(zip(missing, fresh.texts)):

@@ -30,16 +30,16 @@ _ATTRIBUTE = "_opto_instrumented"
 class Instrumented:
     """The handle of an instrumented client (or of LiteLLM): `close()` restores the originals."""
 
-    def __init__(self, owner: Any, originals: dict[str, Any], marked: Any) -> None:
-        self.client = owner  # the object whose functions were replaced
+    def __init__(self, client: Any, target: Any, originals: dict[str, Any]) -> None:
+        self.client = client  # the instrumented client, or the litellm module
+        self._target = target  # the object whose functions were replaced
         self._originals = originals
-        self._marked = marked  # where the handle is noted, to refuse instrumenting twice
 
     def close(self) -> None:
         for name, original in self._originals.items():
-            setattr(self.client, name, original)
-        if getattr(self._marked, _ATTRIBUTE, None) is self:
-            delattr(self._marked, _ATTRIBUTE)
+            setattr(self._target, name, original)
+        if getattr(self.client, _ATTRIBUTE, None) is self:
+            delattr(self.client, _ATTRIBUTE)
 
 
 def instrument(client: Any, *, budget: Budget | None = None,
@@ -48,7 +48,7 @@ def instrument(client: Any, *, budget: Budget | None = None,
     if getattr(client, _ATTRIBUTE, None) is not None:
         raise ValueError("this client is already instrumented; call uninstrument(client) first")
     completions = client.chat.completions
-    handle = Instrumented(completions, {"create": completions.create}, client)
+    handle = Instrumented(client, completions, {"create": completions.create})
     completions.create = _traced(completions.create, budget, prices)
     setattr(client, _ATTRIBUTE, handle)
     return handle
@@ -67,7 +67,7 @@ def instrument_litellm(*, budget: Budget | None = None,
     if getattr(litellm, _ATTRIBUTE, None) is not None:
         raise ValueError("LiteLLM is already instrumented; call uninstrument_litellm() first")
     originals = {"completion": litellm.completion, "acompletion": litellm.acompletion}
-    handle = Instrumented(litellm, originals, litellm)
+    handle = Instrumented(litellm, litellm, originals)
     for name, original in originals.items():
         setattr(litellm, name, _traced(original, budget, prices, positional=("model", "messages")))
     setattr(litellm, _ATTRIBUTE, handle)

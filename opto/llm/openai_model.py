@@ -43,21 +43,10 @@ class OpenAIModel(RemoteChatModel):
         base_url: the API root; defaults to `OPENAI_BASE_URL`, then OpenAI itself.
         api_key: defaults to `OPENAI_API_KEY`; a placeholder is sent to a custom
             base_url when there is none (local servers need no key). Never logged.
-        max_concurrency: requests in flight at once, never more.
-        requests_per_minute / tokens_per_minute: optional rate limits (tokens are
-            estimated before a request and corrected from the reply's usage).
-        timeout: seconds per request before it counts as failed and is retried.
-        max_retries: retries of a 5xx, timeout, connection error or malformed reply,
-            with exponential backoff and jitter.
-        rate_limit_patience: seconds a request keeps retrying 429s (rate limited) before
-            it gives up; these retries wait what Retry-After asks plus a random share
-            of it, so refused requests do not all come back at once, and do not count
-            against `max_retries`.
-        cache, budget, prices: see `Model`.
+        max_concurrency, requests_per_minute, tokens_per_minute, timeout, max_retries,
+        rate_limit_patience, cache, budget, prices: see `RemoteChatModel`.
 
-    The client, its connection pool and the limits live on a private event loop in a
-    daemon thread, so the model works across repeated `asyncio.run` calls and inside
-    Jupyter. Call `close()` (or `await aclose()`) when done; it also closes at exit.
+    Call `close()` (or `await aclose()`) when done; it also closes at exit.
     """
 
     def __init__(

@@ -230,3 +230,20 @@ def test_cli_reports_a_refusal_and_a_failure(server: FakeOpenAIServer, dpo_file:
     server.job_script = ["validating_files", "failed"]
     assert main(["finetune", "submit", str(dpo_file), *base, "--wait", "--poll-interval", "0.01"]) == 1
     assert "failed - The training file is not valid" in capsys.readouterr().out
+
+
+def test_cli_status_reads_the_state_file_that_submit_saved(server: FakeOpenAIServer, dpo_file: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    state = tmp_path / "ft-state.json"
+    assert main(["finetune", "submit", str(dpo_file), "--model", "gpt-4o-mini", "--base-url", server.base_url,
+                 "--state", str(state)]) == 0
+    [job_id] = server.jobs
+    capsys.readouterr()
+    # no --base-url: the state file says where the job is (the old CLI accepted --state here and ignored it)
+    assert main(["finetune", "status", job_id, "--state", str(state)]) == 0
+    assert f"job {job_id}:" in capsys.readouterr().out
+    assert main(["finetune", "status", job_id, "--backend", "trl", "--output-dir", str(tmp_path),
+                 "--state", str(state)]) == 1
+    assert "--state is for the openai and nemo backends" in capsys.readouterr().err

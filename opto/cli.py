@@ -154,8 +154,7 @@ def _finetune(args: argparse.Namespace) -> int:
             ref = await adapter.submit(args.target, validation_dataset=args.validation_file)
             print(f"submitted job {ref.job_id} ({adapter.backend}, {ref.method}, base model {ref.base_model})")
             if state:
-                saved = adapter.state_dict() if hasattr(adapter, "state_dict") else ref.model_dump()
-                atomic_write_json(state, saved)
+                atomic_write_json(state, adapter.state_dict())  # type: ignore[attr-defined]
                 print(f"saved the adapter state to {state} (no key)")
             if args.backend == "trl":
                 print(f"job folder: {Path(args.output_dir) / ref.job_id} (follow it with: opto finetune status "
@@ -181,9 +180,9 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
 
     from .finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter, TRLAdapter
 
+    if args.state and args.backend == "trl":
+        raise ValueError("--state is for the openai and nemo backends; trl keeps its jobs in --output-dir")
     if args.action != "submit" and args.state:
-        if args.backend == "trl":
-            raise ValueError("--state is for the openai and nemo backends; trl reads the job folder in --output-dir")
         saved = json.loads(Path(args.state).read_text(encoding="utf-8"))
         restore = NeMoCustomizerAdapter if args.backend == "nemo" else OpenAIFineTuneAdapter
         return restore.from_state_dict(saved)

@@ -28,6 +28,7 @@ from .optimizers import DemoProposer, Optimizer, Proposal, Proposer
 from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
+from .tracking import MLflowCallback
 from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
 
 __version__ = "0.1.0"
@@ -57,6 +58,7 @@ __all__ = [
     "LLMJudgeGuide",
     "LedgerEvent",
     "LocalModel",
+    "MLflowCallback",
     "Minibatch",
     "Model",
     "OpenAIModel",

@@ -9,6 +9,7 @@ written. `RunDirWriter` is the training loop's sink for all of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ class Checkpoint(BaseModel):
     pending_metrics: dict[str, Any] | None = None
     # The values with the best validation score so far: {"step", "score", "parameters"}.
     best: dict[str, Any] | None = None
+    # Steps whose final evaluation is recorded: their `"final": true` lines in eval.jsonl and
+    # metrics.jsonl are kept on resume (those of any other step are of an interrupted
+    # final evaluation, which is done again).
+    final_evaluations: list[int] = Field(default_factory=list)
     # The values the run started from (for reports).
     initial_parameters: dict[str, Any] = Field(default_factory=dict)
     # What the trainer keeps between steps (e.g. the Pareto candidate pool).
@@ -79,10 +84,12 @@ class RunDir:
         if checkpoint.best is not None:
             atomic_write_json(self.best_path, checkpoint.best)
 
-    def log_evaluation(self, step: int, rollouts: list[Any]) -> None:
-        """One `eval.jsonl` line per example of an evaluation after `step` (0: before training)."""
+    def log_evaluation(self, step: int, rollouts: list[Any], *, final: bool = False) -> None:
+        """One `eval.jsonl` line per example of an evaluation after `step` (0: before training);
+        the lines of the run's final evaluation also say `"final": true`."""
+        marker = {"final": True} if final else {}
         append_jsonl(self.eval_path, [{"step": step, "example_id": r.example_id, "output": r.output, "score": r.score,
-                                       "error": r.error} for r in rollouts])
+                                       "error": r.error, **marker} for r in rollouts])
 
     def evaluations(self) -> list[dict[str, Any]]:
         return read_jsonl(self.eval_path)
@@ -106,23 +113,33 @@ class RunDir:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_path)
 
-    def discard_after(self, step: int, *, metrics_step: int | None = None) -> None:
-        """Drop records of steps after `step` (work of an interrupted step, redone on resume).
+    def discard_unsaved(self, saved: Checkpoint) -> None:
+        """Drop the lines a resumed run writes again: those the checkpoint `saved` does not record.
 
-        Metrics lines are kept up to `metrics_step` (default `step`): a step whose
-        evaluation was interrupted keeps its ledger records but gets its line again.
-        Torn last lines from a crash mid-append are repaired first.
+        Kept: ledger records up to the saved step; metrics and evaluation lines up to it,
+        except a step's line the checkpoint still owes (`pending_metrics`: the step's
+        evaluation, or the final line, was interrupted) and the `"final"` lines of any
+        step not in `saved.final_evaluations`. Torn last lines from a crash mid-append are
+        repaired first. A finished run's files are left exactly as they are.
         """
-        owed = step if metrics_step is None else metrics_step
-        limits = {self.ledger_path: step, self.metrics_path: owed, self.eval_path: owed}
-        for path, limit in limits.items():
-            repair_jsonl(path)
-            records = read_jsonl(path)
-            kept = [r for r in records if r.get("step", 0) <= limit]
-            if path == self.metrics_path:  # the final test line is written again when the resumed run finishes
-                kept = [r for r in kept if not r.get("final")]
-            if len(kept) != len(records):
-                atomic_write_jsonl(path, kept)
+        owed = saved.pending_metrics or {}
+        owed_final = saved.step if owed.get("final") else None
+        lines_up_to = saved.step - 1 if owed and owed_final is None else saved.step
+        finals = set(saved.final_evaluations) - {owed_final}
+        self._keep(self.ledger_path, lambda r: r.get("step", 0) <= saved.step)
+        self._keep(self.metrics_path, lambda r: r.get("step", 0) <= lines_up_to and (
+            not r.get("final") or r.get("step") in finals))
+        self._keep(self.eval_path, lambda r: r.get("step", 0) <= lines_up_to and (
+            not r.get("final") or r.get("step") in saved.final_evaluations))
+
+    @staticmethod
+    def _keep(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Rewrite a JSONL file with only the records `keep` accepts (untouched if that is all)."""
+        repair_jsonl(path)
+        records = read_jsonl(path)
+        kept = [r for r in records if keep(r)]
+        if len(kept) != len(records):
+            atomic_write_jsonl(path, kept)
 
     def reset(self) -> None:
         """Start afresh: remove the files of an earlier run in this folder."""
@@ -150,9 +167,6 @@ class RunDirWriter(Callback):
     def flush(self) -> None:
         pending, self._pending = self._pending, []
         self.run.append_events(pending)
-
-    def on_evaluate_end(self, step: int, result: Any) -> None:
-        self.run.log_evaluation(step, result.rollouts)
 
     def keep_unfinished(self, record: StepRecord | None) -> None:
         """A step stopped part-way: keep what it did for audit (resume discards and redoes it)."""

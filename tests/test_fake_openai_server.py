@@ -121,6 +121,37 @@ async def test_callable_returning_a_string_uses_it_for_every_choice() -> None:
     assert [c.message.content for c in completion.choices] == ["same", "same"]
 
 
+WIRE_CALL = {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+FLAT_CALL = {"name": "get_time", "arguments": {"zone": "CET"}}
+
+
+async def test_tool_calls_in_the_wire_shape_and_the_flat_shape_are_both_sent() -> None:
+    reply = FakeReply("", tool_calls=[WIRE_CALL, FLAT_CALL])
+    with FakeOpenAIServer(reply=lambda request: reply) as srv:
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="test", max_retries=0) as c:
+            completion = await c.chat.completions.create(model="m", messages=USER)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls is not None and [c.function.name for c in calls] == ["get_weather", "get_time"]
+    assert calls[0].id == "call_1" and calls[1].id.startswith("call")  # a given id is kept, a missing one made up
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}, {"zone": "CET"}]
+
+
+@pytest.mark.parametrize("call", [
+    "get_weather",
+    {"arguments": {}},
+    {"name": "f", "arguments": 3},
+    {"type": "function", "function": {"arguments": "{}"}},
+    {"type": "web_search", "function": {"name": "f"}},
+    {"id": 7, "name": "f"},
+], ids=["text", "no-name", "number-arguments", "wire-without-name", "not-a-function", "number-id"])
+def test_a_tool_call_of_another_shape_is_refused_when_the_reply_is_built(call: Any) -> None:
+    with pytest.raises(ValueError, match='cannot script the tool call.*"type": "function"'):
+        FakeReply("", tool_calls=[call])
+
+
 async def test_fake_reply_with_error_status_becomes_an_api_error() -> None:
     with FakeOpenAIServer(reply=lambda request: FakeReply("context too long", status=400)) as srv:
         async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="test", max_retries=0) as c:

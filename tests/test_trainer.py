@@ -865,7 +865,8 @@ def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_th
     assert fresh.system_prompt.value == the_agent.system_prompt.stored_value == "level 3"
     evaluations = RunDir(tmp_path).evaluations()
     assert sorted({e["step"] for e in evaluations}) == [0, 2, 3]
-    assert all(set(e) == {"step", "example_id", "output", "score", "error"} for e in evaluations)
+    assert all(set(e) == {"step", "example_id", "output", "score", "error"} for e in evaluations if e["step"] < 3)
+    assert all(e["final"] is True for e in evaluations if e["step"] == 3)  # the final evaluation says so
     assert [e["score"] for e in evaluations if e["step"] == 3] == [1.0, 1.0, 0.0]
     final = RunDir(tmp_path).metrics()[-1]
     assert final == {"step": 3, "final": True, "test_score": result.final_test_score}

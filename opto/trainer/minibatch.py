@@ -231,10 +231,10 @@ class Minibatch:
                                verbose=verbose, max_failures=max_failures, rollout_timeout=rollout_timeout,
                                failure_log=failure_log, step_record=StepRecord(step=step, epoch=epoch))
 
-        async def evaluate_now(ctx: StepContext) -> float | None:
+        async def evaluate_now(ctx: StepContext, final: bool = False) -> float | None:
             result = await self._evaluate(test, ctx)  # type: ignore[arg-type]
-            if writer is not None:
-                writer.on_evaluate_end(ctx.step, result)
+            if run is not None:
+                run.log_evaluation(ctx.step, result.rollouts, final=final)
             observers.call("on_evaluate_end", ctx.step, result)
             return result.mean
 
@@ -252,7 +252,9 @@ class Minibatch:
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
                     state.test_scores.append((0, await evaluate_now(context(0, 0))))
-                if state.pending_metrics is not None:  # resumed inside the evaluation after a step
+                if state.pending_metrics is not None and state.pending_metrics.get("final"):
+                    self._save(run, state, started)  # resumed after the final evaluation, before its line
+                elif state.pending_metrics is not None:  # resumed inside the evaluation after a step
                     await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
                     ctx = unfinished = context(state.step + 1, epoch)
@@ -278,12 +280,15 @@ class Minibatch:
                 changed = self.finish()
                 state.parameters = self.agent.stored_values()
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
-                    final = await evaluate_now(context(state.step, state.epoch))
+                    final = await evaluate_now(context(state.step, state.epoch), final=True)
                     if state.test_scores and state.test_scores[-1][0] == state.step:
                         state.test_scores.pop()  # measured before the final values were chosen
                     state.test_scores.append((state.step, final))
-                    if run is not None:
-                        run.log_metrics({"step": state.step, "final": True, "test_score": final})
+                    state.final_evaluations.append(state.step)
+                    state.pending_metrics = {"step": state.step, "final": True, "test_score": final}
+                    if run is not None:  # the evaluation is kept before its line is written
+                        run.save_checkpoint(state)
+                    self._save(run, state, started)
                 state.finished = True
             except BudgetExceeded as exc:
                 stopped = f"budget exceeded: {exc}"
@@ -324,8 +329,9 @@ class Minibatch:
                 )
         self.agent.apply(saved.parameters)
         loader.load_state_dict(saved.loader_state) if saved.loader_state else None
-        pending = saved.pending_metrics is not None
-        run.discard_after(saved.step, metrics_step=saved.step - 1 if pending else None)
+        if saved.finished and not saved.final_evaluations and saved.test_scores:
+            saved.final_evaluations = [saved.step]  # a checkpoint written before the field existed
+        run.discard_unsaved(saved)
         saved.finished = False
         saved.config = config
         logger.info("resuming %s after step %d", run.path, saved.step)
@@ -366,17 +372,21 @@ class Minibatch:
 
     @staticmethod
     def _save(run: RunDir | None, state: Checkpoint, started: float) -> None:
-        """Write the finished step's metrics line, then a checkpoint that no longer owes it."""
+        """Write the metrics line the checkpoint owes (a finished step's, or the final one as
+        it is), then a checkpoint that no longer owes it."""
         metrics, state.pending_metrics = state.pending_metrics, None
         if run is None or metrics is None:
             return
-        total = sum(state.usage.values(), UsageStats())
-        run.log_metrics({
-            **metrics,
-            "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step else None,
-            "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
-            "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
-        })
+        if not metrics.get("final"):
+            total = sum(state.usage.values(), UsageStats())
+            metrics = {
+                **metrics,
+                "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step
+                else None,
+                "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
+                "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
+            }
+        run.log_metrics(metrics)
         run.save_checkpoint(state)
 
     def _result(self, state: Checkpoint, stopped: str | None, run: RunDir | None, started: float) -> TrainResult:

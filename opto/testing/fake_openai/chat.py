@@ -31,7 +31,9 @@ class FakeReply:
         prompt_tokens: reported usage; estimated from the messages when None.
         completion_tokens: reported usage; estimated from the texts when None.
         tool_calls: tool calls every choice asks for, each {"name": ..., "arguments": a dict
-            or JSON text} (an "id" is made up when missing); the finish reason is then
+            or JSON text} or in OpenAI's wire shape {"id": ..., "type": "function",
+            "function": {"name": ..., "arguments": ...}} (as logs and the SDK show them); a
+            given "id" is kept, a missing one made up. The finish reason is then
             "tool_calls" and an empty text is sent as content null, as OpenAI does.
     """
 
@@ -41,6 +43,13 @@ class FakeReply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tool_calls: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_calls is not None:
+            if not isinstance(self.tool_calls, list):
+                raise ValueError(f"FakeReply(tool_calls=...) takes a list of tool calls, got "
+                                 f"{type(self.tool_calls).__name__}; {_TOOL_CALL_SHAPES}")
+            self.tool_calls = [_flat_tool_call(call) for call in self.tool_calls]
 
 
 ReplyResult = Union[str, list[str], FakeReply]
@@ -272,13 +281,30 @@ def _cut_at(text: str, stops: list[Any]) -> str:
     return text[:min(ends)] if ends else text
 
 
+_TOOL_CALL_SHAPES = ('a tool call is {"name": "get_weather", "arguments": {"city": "Paris"}} (arguments a dict '
+                     'or JSON text, "id" optional) or {"id": "call_1", "type": "function", "function": '
+                     '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}')
+
+
+def _flat_tool_call(call: Any) -> dict[str, Any]:
+    """A scripted tool call as {"id", "name", "arguments" (JSON text)}, from either accepted shape."""
+    if isinstance(call, dict) and isinstance(call.get("function"), dict) and call.get("type", "function") == "function":
+        inner = call["function"]
+        id_, name, arguments = call.get("id"), inner.get("name"), inner.get("arguments", {})
+    elif isinstance(call, dict) and "function" not in call:
+        id_, name, arguments = call.get("id"), call.get("name"), call.get("arguments", {})
+    else:
+        raise ValueError(f"FakeReply cannot script the tool call {call!r}: {_TOOL_CALL_SHAPES}")
+    if not isinstance(name, str) or not name or not isinstance(arguments, (str, dict)) or (
+            id_ is not None and not isinstance(id_, str)):
+        raise ValueError(f"FakeReply cannot script the tool call {call!r}: it needs a non-empty name, arguments as "
+                         f"a dict or JSON text and a text id (or none); {_TOOL_CALL_SHAPES}")
+    return {"id": id_, "name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}
+
+
 def _message(text: str, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
     if not tool_calls:
         return {"role": "assistant", "content": text, "refusal": None}
-    calls = []
-    for call in tool_calls:
-        arguments = call.get("arguments", {})
-        calls.append({"id": call.get("id") or new_id("call"), "type": "function",
-                      "function": {"name": call["name"],
-                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+    calls = [{"id": call["id"] or new_id("call"), "type": "function",
+              "function": {"name": call["name"], "arguments": call["arguments"]}} for call in tool_calls]
     return {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}

@@ -98,7 +98,7 @@ def _export(args: argparse.Namespace) -> int:
                                     exhaustive_pairs=not args.best_vs_worst)
     report = export_run(args.run_dir, args.out, source=args.source, format=args.format,
                         validation_fraction=args.validation_fraction, seed=args.seed, builder=builder,
-                        tokenizer=args.tokenizer, nemo_prompt=args.nemo_prompt)
+                        tokenizer=args.tokenizer, nemo_prompt=args.nemo_prompt, min_score=args.min_score)
     print(f"wrote {report.records} {report.format} records to {report.out}")
     if report.validation_out is not None:
         print(f"wrote {report.validation_records} {report.format} records to {report.validation_out} (validation)")
@@ -107,6 +107,8 @@ def _export(args: argparse.Namespace) -> int:
           f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
           f"skipped turns (single candidate): {stats.turns_skipped_single_candidate}  "
           f"skipped pairs (difference < {args.min_score_diff} or tie): {stats.pairs_skipped_small_diff}")
+    if args.min_score is not None:
+        print(f"replies below --min-score {args.min_score}: {stats.candidates_below_min_score}")
     if stats.truncated_candidates:
         print(f"truncated responses (cut at max_tokens, never chosen): {stats.truncated_candidates}  "
               f"skipped pairs: {stats.pairs_skipped_truncated}")
@@ -226,6 +228,9 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
                         help="share of examples written to OUT's .validation.jsonl twin (default 0)")
     export.add_argument("--min-score-diff", type=float, default=0.0,
                         help="smallest score difference that makes a pair (default 0: any strict win)")
+    export.add_argument("--min-score", type=float, default=None,
+                        help="openai-sft: every complete reply scoring at least this, single candidate or not "
+                             "(default: each turn's best reply, when it beats another)")
     export.add_argument("--max-pairs-per-turn", type=int, default=None, help="keep the N widest pairs per turn")
     export.add_argument("--best-vs-worst", action="store_true", help="one pair per turn instead of every pair")
     export.add_argument("--seed", type=int, default=0, help="the split's seed (default 0)")

@@ -32,6 +32,8 @@ class ReportSummary(BaseModel):
     first_test_score: float | None = None
     last_test_score: float | None = None
     plotted_points: dict[str, int] = Field(default_factory=dict)
+    title: str = ""
+    legend: list[str] = Field(default_factory=list)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
@@ -51,14 +53,18 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     if checkpoint.get("test_scores"):
         tests = sorted({(int(s), v) for s, v in checkpoint["test_scores"] if v is not None})
     png = target / "report.png"
-    points = _plot(png, steps, tests)
+    title = f"opto run {run.path.resolve().name}"
+    if tests:
+        title += f": test score {tests[0][1]:.3f} \u2192 {tests[-1][1]:.3f}"
+    points, legend = _plot(png, steps, tests, title)
     markdown = target / "report.md"
     atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger()))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
     return ReportSummary(png=str(png), markdown=str(markdown), steps=len(steps), accepted=accepted, rejected=rejected,
                          first_test_score=tests[0][1] if tests else None,
-                         last_test_score=tests[-1][1] if tests else None, plotted_points=points)
+                         last_test_score=tests[-1][1] if tests else None, plotted_points=points, title=title,
+                         legend=legend)
 
 
 def _checkpoint(run: RunDir) -> dict[str, Any]:
@@ -76,7 +82,9 @@ def _decisions_by_step(ledger: list[dict[str, Any]]) -> dict[int, list[dict[str,
     return found
 
 
-def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]]) -> dict[str, int]:
+def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
+          title: str) -> tuple[dict[str, int], list[str]]:
+    """Draw the learning curve; returns the points of each series and the legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -102,18 +110,22 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("score")
+    handles, labels = ax.get_legend_handles_labels()
     tokens = [(m["step"], m.get("tokens") or 0) for m in steps]
     if tokens:
         cost = ax.twinx()
-        cost.plot(*zip(*tokens), ":", color="tab:gray", label="tokens so far")
+        cost.plot(*zip(*tokens), ":", color="tab:gray", label="tokens so far (right axis)")
         cost.set_ylabel("tokens so far")
         points["tokens"] = len(tokens)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("opto run")
-    fig.tight_layout()
+        more_handles, more_labels = cost.get_legend_handles_labels()  # the twin axis keeps its own
+        handles, labels = handles + more_handles, labels + more_labels
+    if handles:  # below the axes, where no line crosses it
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    ax.set_title(title)
+    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
     fig.savefig(path)
     plt.close(fig)
-    return points
+    return points, labels
 
 
 def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],

@@ -116,6 +116,20 @@ def test_best_responses() -> None:
     assert [b.response for b in loose] == ["r0.9", "r1", "a"]
 
 
+def test_with_min_score_every_complete_reply_at_or_above_it_is_kept() -> None:
+    truncated = turn(1.0, 0.9, example="cut", responses=["whole?", "ok"])
+    truncated.candidates[0].truncated = True
+    turns = [turn(0.2, 0.9, 0.5), turn(1.0, example="single"), turn(0.5, 0.5, example="tie", responses=["a", "b"]),
+             truncated, turn(0.9, 0.9, example="same", responses=["dup", "dup"])]
+    builder = PreferencePairBuilder()
+    kept = builder.best_responses(turns, min_score=0.5)
+    assert [(b.example_id, b.response) for b in kept] == [
+        ("e1", "r0.9"), ("e1", "r0.5"), ("single", "r1"), ("tie", "a"), ("tie", "b"), ("cut", "ok"), ("same", "dup")]
+    assert builder.stats.candidates_below_min_score == 1  # r0.2; the truncated reply is never kept
+    assert builder.stats.turns_skipped_single_candidate == 0
+    assert "1 responses below min_score" in builder.stats.summary()
+
+
 def test_builder_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="min_score_diff"):
         PreferencePairBuilder(min_score_diff=-1)

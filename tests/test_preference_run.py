@@ -190,3 +190,42 @@ def test_the_nothing_to_export_hint_counts_what_it_says(run_dir: Path, tmp_path:
     assert builder.stats.turns_skipped_single_candidate == 0 and builder.stats.pairs_skipped_small_diff > 0
     assert "had a single candidate" not in err  # the old hint said every turn had one
     assert f"{builder.stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than" in err
+
+
+# ------------------------------------------------------------- supervised data from single replies
+
+
+@pytest.fixture(scope="module")
+def single_reply_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run in which every agent prompt was answered once (one proposal, one candidate)."""
+    from world import dataset, make_level_trainer
+
+    path = tmp_path_factory.mktemp("single")
+    trainer, *_ = make_level_trainer(level=2, validation="none")  # the level rises each step: 2 right, 2 wrong
+    trainer.train(ExactMatchGuide(), dataset([0, 5, 1, 6]), run_dir=path, progress=False, shuffle=False)
+    return path
+
+
+def test_supervised_export_of_single_replies_needs_min_score_and_says_so(single_reply_run: Path,
+                                                                          tmp_path: Path) -> None:
+    turns = read_turns(single_reply_run, "agent").turns
+    assert len(turns) == 4 and all(len(t.candidates) == 1 for t in turns)
+    with pytest.raises(ValueError, match=r"every turn had a single candidate.*--min-score X \(min_score=X\)"):
+        export_run(single_reply_run, tmp_path / "sft.jsonl", source="agent", format="openai-sft")
+    report = export_run(single_reply_run, tmp_path / "sft.jsonl", source="agent", format="openai-sft", min_score=1.0)
+    good = {json_key([*t.prompt, {"role": "assistant", "content": c.response}])
+            for t in turns for c in t.candidates if c.score >= 1.0}
+    assert len(good) == 2 and report.records == 2
+    assert {json_key(r["messages"]) for r in _records(tmp_path / "sft.jsonl")} == good
+    assert report.stats.candidates_below_min_score == 2
+
+
+def test_min_score_is_for_supervised_formats_and_the_cli_counts_what_it_left_out(
+        single_reply_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="--min-score picks replies for supervised data"):
+        export_run(single_reply_run, tmp_path / "p.jsonl", source="agent", format="openai-dpo", min_score=1.0)
+    out = tmp_path / "sft.jsonl"
+    assert main(["export", str(single_reply_run), "--source", "agent", "--format", "openai-sft",
+                 "--min-score", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {len(_records(out))} openai-sft records" in printed and "replies below --min-score 1.0: " in printed

@@ -29,6 +29,11 @@ def test_the_report_is_a_real_picture_and_a_table_of_steps(finished_run, tmp_pat
     summary = write_report(finished_run, tmp_path)
     # 4 train scores, tests at 0, 2 and 4, 4 accepted steps, 4 token points
     assert summary.plotted_points == {"train": 4, "test": 3, "accepted": 4, "tokens": 4}
+    # every drawn series has a legend entry, the twin axis's tokens line included
+    assert summary.legend == ["train batch score", "test score", "accepted (candidate score)",
+                              "tokens so far (right axis)"]
+    first, last = summary.first_test_score, summary.last_test_score
+    assert summary.title == f"opto run {finished_run.name}: test score {first:.3f} \u2192 {last:.3f}" and first != last
     table = [line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 4  # the header and one row per step
     assert "| 1 | 0.000 | accepted |" in table[1]

@@ -771,9 +771,35 @@ def test_a_trainable_parameter_the_agent_never_reads_is_warned_about_once(caplog
     trainer = AggregatedUpdate(TwoKnobs(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain)
     with caplog.at_level("WARNING"):
         trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), **TRAIN)
-    unread = [r.getMessage() for r in caplog.records if "never read" in r.getMessage()]
-    assert len(unread) == 1 and "'unused'" in unread[0]
+    unread = [r.getMessage() for r in caplog.records if "was not read" in r.getMessage()]
+    assert len(unread) == 1 and "'unused' was not read in step 1's rollouts" in unread[0]
     assert "'system_prompt'" not in unread[0]
+
+
+class Branchy(LevelAgent):
+    """Reads `k` only on inputs of 5 and more: a branch, not a forgotten knob."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.k = Parameter(2, description="a multiplier used on large inputs")
+
+    async def forward(self, x):
+        answer = await super().forward(x)
+        return str(x * self.k.value) if x >= 5 else answer
+
+
+@pytest.mark.parametrize("order, warned", [([5, 0, 1], False), ([0, 5, 1], True)], ids=["read-first", "read-later"])
+def test_a_parameter_read_in_some_branches_is_warned_about_only_while_never_read(caplog, order, warned):
+    brain = ScriptedModel(make_brain())
+    trainer = AggregatedUpdate(Branchy(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain)
+    with caplog.at_level("WARNING"):
+        trainer.train(ExactMatchGuide(), dataset(order), **TRAIN)
+        trainer.train(ExactMatchGuide(), dataset(order), **TRAIN)  # once per run: a second run may say it again
+    unread = [r.getMessage() for r in caplog.records if "'k' was not read" in r.getMessage()]
+    assert unread == (["the trainable parameter 'k' was not read in step 1's rollouts (nor earlier in this run): "
+                       "updates to it change nothing until the agent reads it (through .value inside forward)"] * 2
+                      if warned else [])
+    assert not any("never read" in r.getMessage() for r in caplog.records)
 
 
 def test_a_hanging_agent_times_out_and_the_step_goes_on(tmp_path):

@@ -47,6 +47,7 @@ def export_run(
     builder: PreferencePairBuilder | None = None,
     tokenizer: Any = None,
     nemo_prompt: str | None = None,
+    min_score: float | None = None,
 ) -> ExportReport:
     """Export the preference data of a run to `out` (and its validation split).
 
@@ -61,6 +62,9 @@ def export_run(
         tokenizer: "trl" only: the target model's tokenizer or model folder, whose chat
             template renders the prompts.
         nemo_prompt: "nemo" only: "messages" (default) or "string" (the last message).
+        min_score: supervised formats only: export every complete response scoring at
+            least this, single candidate or not (default: each turn's best response, when
+            it beats another one).
 
     Raises `ValueError` when nothing can be exported, saying why.
     """
@@ -70,12 +74,19 @@ def export_run(
     if not Path(out).parent.is_dir():
         raise ValueError(f"the folder of --out {out} does not exist; create it first (mkdir -p {Path(out).parent})")
     writer = get_writer(format, tokenizer=tokenizer, prompt=nemo_prompt)
+    if min_score is not None and writer.kind != "supervised":
+        raise ValueError(f"--min-score picks replies for supervised data (format openai-sft); {format} holds "
+                         "preference pairs, which --min-score-diff controls")
     builder = builder or PreferencePairBuilder()
     reading = read_turns(run_dir, source)
     items: list[Any]
-    items = builder.best_responses(reading.turns) if writer.kind == "supervised" else builder.build(reading.turns)
+    if writer.kind == "supervised":
+        items = builder.best_responses(reading.turns, min_score=min_score)
+    else:
+        items = builder.build(reading.turns)
     if not items:
-        raise ValueError(_nothing_exported(run_dir, source, builder.stats, reading.unscored))
+        raise ValueError(_nothing_exported(run_dir, source, builder.stats, reading.unscored,
+                                           supervised=writer.kind == "supervised", min_score=min_score))
     train, validation = train_validation_split(items, validation_fraction, seed=seed)
     report = ExportReport(run_dir=str(run_dir), source=source, format=format, out=str(out),
                           records=writer.write(train, out), stats=builder.stats, unused=reading.unscored)
@@ -86,7 +97,8 @@ def export_run(
     return report
 
 
-def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unused: dict[str, int]) -> str:
+def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unused: dict[str, int], *,
+                      supervised: bool = False, min_score: float | None = None) -> str:
     hints = []
     if stats.turns == 0:
         hints.append("no scored turns were found")
@@ -98,7 +110,11 @@ def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unu
         share = ("every turn" if stats.turns_skipped_single_candidate == stats.turns
                  else f"{stats.turns_skipped_single_candidate} of {stats.turns} turns")
         hints.append(f"{share} had a single candidate: use Optimizer(num_proposals=2) or "
-                     "Aggregator(num_candidates=2)")
+                     "Aggregator(num_candidates=2)" + (
+                         ", or --min-score X (min_score=X) to export every complete reply scoring at least X"
+                         if supervised else ""))
+    if min_score is not None and stats.candidates_below_min_score:
+        hints.append(f"{stats.candidates_below_min_score} complete replies scored below --min-score {min_score}")
     if stats.pairs_skipped_small_diff:
         hints.append(f"{stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than "
                      "--min-score-diff")

@@ -66,6 +66,7 @@ class BuilderStats(BaseModel):
     pairs_cut_by_max: int = 0
     truncated_candidates: int = 0
     pairs_skipped_truncated: int = 0
+    candidates_below_min_score: int = 0
     duplicate_candidates_merged: int = 0
     duplicate_pairs_removed: int = 0
     by_source: dict[str, int] = Field(default_factory=dict)
@@ -79,6 +80,8 @@ class BuilderStats(BaseModel):
         if self.truncated_candidates:
             parts.append(f"{self.truncated_candidates} truncated responses (cut at max_tokens; never chosen), "
                          f"{self.pairs_skipped_truncated} pairs skipped for it")
+        if self.candidates_below_min_score:
+            parts.append(f"{self.candidates_below_min_score} responses below min_score")
         if self.duplicate_candidates_merged:
             parts.append(f"{self.duplicate_candidates_merged} duplicate responses merged")
         if self.duplicate_pairs_removed:
@@ -196,12 +199,16 @@ class PreferencePairBuilder:
 
     # ------------------------------------------------------------------ supervised
 
-    def best_responses(self, turns: Iterable[Turn]) -> list[SupervisedExample]:
-        """The best response of each turn, grouped by example (for supervised fine-tuning).
+    def best_responses(self, turns: Iterable[Turn], *, min_score: float | None = None) -> list[SupervisedExample]:
+        """Supervised examples from the turns, grouped by example (for supervised fine-tuning).
 
-        With `require_multiple_candidates`, a turn counts only when its best response
-        beats another one by at least `min_score_diff` (and by more than 0), i.e. when it
-        would make a preference pair; otherwise a single candidate is taken as it is.
+        By default the best response of each turn. With `require_multiple_candidates`, a
+        turn counts only when its best response beats another one by at least
+        `min_score_diff` (and by more than 0), i.e. when it would make a preference pair;
+        otherwise a single candidate is taken as it is.
+
+        With `min_score`, every complete response scoring at least `min_score` instead,
+        whether or not its turn had other candidates: one good reply is enough to learn from.
         """
         stats = self.stats = BuilderStats()
         examples: list[SupervisedExample] = []
@@ -214,21 +221,33 @@ class PreferencePairBuilder:
             if not complete:
                 stats.pairs_skipped_truncated += 1
                 continue
-            best = complete[0]
-            if self.require_multiple_candidates:
-                if len(ranked) < 2:
-                    stats.turns_skipped_single_candidate += 1
-                    continue
-                diff = best.score - ranked[-1].score
-                if diff <= 0 or diff < self.min_score_diff:
-                    stats.pairs_skipped_small_diff += 1
-                    continue
-            if self.deduplicate and not _first_time([turn.prompt, best.response], seen, stats):
+            if min_score is not None:
+                chosen = [c for c in complete if c.score >= min_score]
+                stats.candidates_below_min_score += len(complete) - len(chosen)
+            elif self._stands_out(complete[0], ranked, stats):
+                chosen = complete[:1]
+            else:
                 continue
-            examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
-                                              example_id=turn.example_id, prompt=turn.prompt,
-                                              response=best.response, score=best.score, tools=turn.tools))
+            for best in chosen:
+                if self.deduplicate and not _first_time([turn.prompt, best.response], seen, stats):
+                    continue
+                examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
+                                                  example_id=turn.example_id, prompt=turn.prompt,
+                                                  response=best.response, score=best.score, tools=turn.tools))
         return _finish(examples, stats, "best responses")
+
+    def _stands_out(self, best: TurnCandidate, ranked: Sequence[TurnCandidate], stats: BuilderStats) -> bool:
+        """Whether a turn's best response may be learnt alone (see `require_multiple_candidates`)."""
+        if not self.require_multiple_candidates:
+            return True
+        if len(ranked) < 2:
+            stats.turns_skipped_single_candidate += 1
+            return False
+        diff = best.score - ranked[-1].score
+        if diff <= 0 or diff < self.min_score_diff:
+            stats.pairs_skipped_small_diff += 1
+            return False
+        return True
 
 
 def _first_time(parts: list[Any], seen: set[str], stats: BuilderStats) -> bool:

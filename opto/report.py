@@ -119,10 +119,11 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
         points["tokens"] = len(tokens)
         more_handles, more_labels = cost.get_legend_handles_labels()  # the twin axis keeps its own
         handles, labels = handles + more_handles, labels + more_labels
-    if handles:  # below the axes, where no line crosses it
-        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    rows = -(-len(labels) // 3)
+    if handles:  # below the axes, where no line crosses it, three entries a row
+        fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     ax.set_title(title)
-    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.045 * rows, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return points, labels

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -11,6 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._async import gather_all
+from ._io import json_key
 from .agent import Agent
 from .data import Example
 from .guides import Guide
@@ -18,7 +20,7 @@ from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .parameters import Parameter, assign, track_reads
 
-__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts"]
+__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "values_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ class RolloutFields(BaseModel):
     feedback: str = ""
     trace: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
+    # Which parameter values the agent ran under (a digest of its trainable values): rollouts
+    # of one example with the same digest ran the same policy.
+    values_hash: str | None = None
 
 
 class Rollout(RolloutFields):
@@ -82,17 +87,25 @@ async def run_rollout(
     because it means the run must stop, not that this example failed.
     """
     base = {"example_id": example.id or "", "x": example.x, "info": example.info}
-    with assign(values or {}), record_llm_calls() as trace, track_reads() as reads:
-        try:
-            if timeout is None:
-                fields = await _agent_then_guide(agent, guide, example, min_score)
-            else:
-                fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
-        except TimeoutError:
-            logger.debug("rollout on %s timed out after %s s", example.id, timeout)
-            error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
-            fields = {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
+    with assign(values or {}):
+        base["values_hash"] = values_digest(agent)  # before tracking: the digest is not the agent's read
+        with record_llm_calls() as trace, track_reads() as reads:
+            try:
+                if timeout is None:
+                    fields = await _agent_then_guide(agent, guide, example, min_score)
+                else:
+                    fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
+            except TimeoutError:
+                logger.debug("rollout on %s timed out after %s s", example.id, timeout)
+                error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
+                fields = {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
     return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads))
+
+
+def values_digest(agent: Agent) -> str:
+    """A short digest of the trainable values `agent` sees now (assignments included)."""
+    values = {p.name: p.value for p in agent.parameters(trainable_only=True)}
+    return hashlib.sha256(json_key(values).encode()).hexdigest()[:12]
 
 
 async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_score: float | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ and accepted or rolled back, and every decision is written to a ledger.
 from .agent import Agent, agent
 from .callbacks import Callback
 from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
+from .collect import CollectResult, acollect, collect
 from .data import DataLoader, DatasetError, Example, load_dataset
 from .errors import OptoError
 from .events import LEDGER_VERSION, LedgerEvent, StepRecord
@@ -42,6 +43,7 @@ __all__ = [
     "Callback",
     "BudgetExceeded",
     "Candidate",
+    "CollectResult",
     "Completion",
     "Constraint",
     "DataLoader",
@@ -77,9 +79,11 @@ __all__ = [
     "StepRecord",
     "TooManyFailures",
     "TrainResult",
+    "acollect",
     "aevaluate",
     "agent",
     "assign",
+    "collect",
     "construct_update_dict",
     "evaluate",
     "extract_llm_suggestion",

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .datasets import bigbench_tasks
 from .preference import FORMATS, SOURCES
@@ -22,12 +22,8 @@ __all__ = ["main"]
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .llm import LocalModel, OpenAIModel
 
-    if args.model or args.base_url:
-        model = OpenAIModel(args.model or "default", base_url=args.base_url)
-    else:
-        model = LocalModel()
+    model = _demo_model(args)
     run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.json:
         print(f"opto demo: a few-shot agent learns its prompt and demos on BIG-bench {args.task} with {model.name}")
@@ -54,6 +50,42 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"time: {report.seconds:.1f} s   run dir: {report.run_dir} (see it with: opto report {report.run_dir})")
     if report.stopped_reason:
         print(f"stopped early: {report.stopped_reason}")
+        return 1
+    return 0
+
+
+def _demo_model(args: argparse.Namespace) -> Any:
+    from .llm import LocalModel, OpenAIModel
+
+    if args.model or args.base_url:
+        return OpenAIModel(args.model or "default", base_url=args.base_url)
+    return LocalModel()
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from .collect import collect
+    from .datasets import bigbench
+    from .demo import FewShotAgent
+    from .guides import ExactMatchGuide
+
+    model = _demo_model(args)
+    try:
+        agent = FewShotAgent(model)
+        if args.values:
+            agent.load(args.values)
+        data = bigbench(args.task, split=args.split, n=args.n, seed=args.seed)
+        result = collect(agent, ExactMatchGuide(), data, samples=args.samples, run_dir=args.run_dir,
+                         temperature=args.temperature, seed=args.seed, resume=args.resume,
+                         concurrency=args.concurrency, progress=not args.no_progress)
+    finally:
+        model.close()
+    score = "n/a" if result.mean_score is None else f"{result.mean_score:.3f}"
+    print(f"collected {result.rollouts} rollouts ({result.samples} per example, {result.examples} examples, "
+          f"{result.skipped_examples} already collected) into {result.run_dir}; mean score {score}, "
+          f"{result.failed} failed; {result.usage.calls} model calls")
+    print(f"next: opto export {result.run_dir} --format art --out groups.jsonl")
+    if result.stopped_reason:
+        print(f"stopped early: {result.stopped_reason}")
         return 1
     return 0
 
@@ -102,6 +134,9 @@ def _export(args: argparse.Namespace) -> int:
     print(f"wrote {report.records} {report.format} records to {report.out}")
     if report.validation_out is not None:
         print(f"wrote {report.validation_records} {report.format} records to {report.validation_out} (validation)")
+    if report.groups is not None:
+        print(f"trajectory groups: {report.groups.summary()}")
+        return 0
     stats = report.stats
     print(f"turns: {stats.turns}  candidates: {stats.candidates}  "
           f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
@@ -305,6 +340,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
+    gather = commands.add_parser("collect", help="RL data: the demo's few-shot agent answers each example several "
+                                 "times, without optimizing")
+    gather.add_argument("--run-dir", required=True, help="where to write the rollouts (ledger.jsonl)")
+    gather.add_argument("--samples", type=int, default=4, help="rollouts per example (default 4)")
+    gather.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    gather.add_argument("--task", default="plural", choices=bigbench_tasks(), help="shipped BIG-bench task")
+    gather.add_argument("--split", default="train", choices=("train", "validation", "test"))
+    gather.add_argument("--n", type=int, default=24, help="examples (default 24)")
+    gather.add_argument("--values", help="the agent's values: a run's agent.json (default: the demo's start)")
+    gather.add_argument("--seed", type=int, default=0, help="examples' and samples' seed (default 0)")
+    gather.add_argument("--concurrency", type=int, default=4)
+    gather.add_argument("--resume", action="store_true", help="continue a collection in --run-dir")
+    gather.add_argument("--model", help="model name on an OpenAI-compatible server (default: local SmolLM2)")
+    gather.add_argument("--base-url", help="OpenAI-compatible API root; the key comes from OPENAI_API_KEY")
+    gather.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    gather.set_defaults(handler=_collect)
     fake = commands.add_parser("fake-server", help="run the offline fake OpenAI-compatible server in the foreground")
     fake.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     fake.add_argument("--latency", type=float, default=0.0, help="seconds every chat request waits")

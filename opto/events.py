@@ -58,13 +58,15 @@ class _Event(BaseModel):
 
 class RolloutEvent(_Event, RolloutFields):
     """One run of agent and guide: `phase` "train" (current values), "validation" (a
-    candidate's, `candidate_id`) or "proposal_validation" (a proposal's, `proposal_id`)."""
+    candidate's, `candidate_id`), "proposal_validation" (a proposal's, `proposal_id`) or
+    "collect" (sample `sample` of `opto.collect`)."""
 
     type: Literal["rollout"] = "rollout"
     phase: str
     candidate_id: str | None = None
     proposal_id: str | None = None
     instance_id: str
+    sample: int | None = None  # which of an example's samples (phase "collect", `opto.collect`)
 
 
 class ProposalEvent(_Event, Proposal):

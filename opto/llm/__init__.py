@@ -16,6 +16,7 @@ from .instrument import Instrumented, instrument, instrument_litellm, uninstrume
 from .litellm_model import LiteLLMModel
 from .local import LocalModel
 from .openai_model import OpenAIModel
+from .sampling import sampling
 from .scripted import ScriptedModel
 from .tracing import record_llm_calls, tool_result
 from .types import Completion, Message, TokenUsage, ToolCall
@@ -37,6 +38,7 @@ __all__ = [
     "Price",
     "ResponseCache",
     "ScriptedModel",
+    "sampling",
     "TokenUsage",
     "ToolCall",
     "UsageStats",

@@ -11,6 +11,7 @@ from typing import Any
 
 from .cache import ResponseCache, request_key
 from .prices import known_price
+from .sampling import current_sampling
 from .tracing import record_call
 from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, validate_messages
 from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
@@ -91,6 +92,10 @@ class Model(ABC):
         `LLMError` subclass when the backend fails for good.
         """
         messages = validate_messages(messages)
+        override = current_sampling()  # opto.collect draws samples: its temperature and seed win
+        if override is not None:
+            temperature = override.temperature if override.temperature is not None else temperature
+            seed = override.seed if override.seed is not None else seed
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
         if max_tokens is not None and max_tokens < 1:

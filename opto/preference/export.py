@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +10,13 @@ from pydantic import BaseModel, Field
 
 from .pairs import BuilderStats, PreferencePairBuilder
 from .split import train_validation_split
+from .trajectories import GroupStats, read_groups
 from .turns import read_turns
 from .writers import get_writer
 
 __all__ = ["ExportReport", "export_run", "validation_path"]
+
+logger = logging.getLogger(__name__)
 
 
 class ExportReport(BaseModel):
@@ -27,6 +31,7 @@ class ExportReport(BaseModel):
     validation_records: int = 0
     stats: BuilderStats = Field(default_factory=BuilderStats)
     unused: dict[str, int] = Field(default_factory=dict)
+    groups: GroupStats | None = None  # the "art" format's counts
 
 
 def validation_path(out: str | Path) -> Path:
@@ -55,7 +60,8 @@ def export_run(
         run_dir: a training run's directory (holding ledger.jsonl), or its ledger.jsonl.
         out: the JSONL file to write; its folder must exist.
         source: "optimizer", "aggregator", "agent" or "all".
-        format: "openai-dpo", "openai-sft", "trl", "trl-chat" or "nemo".
+        format: "openai-dpo", "openai-sft", "trl", "trl-chat", "nemo", or "art" (trajectory
+            groups for RL, from the rollouts: `source` does not apply).
         validation_fraction: the share of examples written to `validation_path(out)`.
         seed: the split's seed.
         builder: the pair builder (default settings when None).
@@ -75,8 +81,10 @@ def export_run(
         raise ValueError(f"the folder of --out {out} does not exist; create it first (mkdir -p {Path(out).parent})")
     writer = get_writer(format, tokenizer=tokenizer, prompt=nemo_prompt)
     if min_score is not None and writer.kind != "supervised":
-        raise ValueError(f"--min-score picks replies for supervised data (format openai-sft); {format} holds "
-                         "preference pairs, which --min-score-diff controls")
+        raise ValueError(f"--min-score picks replies for supervised data (format openai-sft), not for {format}"
+                         + ("; pairs are controlled by --min-score-diff" if writer.kind == "pairs" else ""))
+    if writer.kind == "groups":
+        return _export_groups(run_dir, out, writer, validation_fraction, seed)
     builder = builder or PreferencePairBuilder()
     reading = read_turns(run_dir, source)
     items: list[Any]
@@ -94,6 +102,29 @@ def export_run(
         target = validation_path(out)
         report.validation_out = str(target)
         report.validation_records = writer.write(validation, target)
+    return report
+
+
+def _export_groups(run_dir: Path, out: str | Path, writer: Any, validation_fraction: float,
+                   seed: int) -> ExportReport:
+    """The "art" format: a run's rollouts as trajectory groups, one per example per step."""
+    reading = read_groups(run_dir)
+    stats = reading.stats
+    if not reading.groups:
+        raise ValueError(f"no trajectory group could be exported from {run_dir}: {stats.summary()}; a group needs "
+                         "2+ scored rollouts of one example in one step with different rewards (validate candidates, "
+                         "or gather samples with opto collect --samples 4)")
+    if stats.off_policy_trajectories:
+        logger.warning("%d of %d trajectories carry no logprobs: they are off-policy text for ART, which trains "
+                       "on them only with allow_training_without_logprobs (in effect advantage-weighted SFT); "
+                       "record logprobs with complete(..., logprobs=True) for on-policy GRPO",
+                       stats.off_policy_trajectories, stats.trajectories)
+    train, validation = train_validation_split(reading.groups, validation_fraction, seed=seed)
+    report = ExportReport(run_dir=str(run_dir), source="rollouts", format="art", out=str(out),
+                          records=writer.write(train, out), groups=stats)
+    if validation_fraction > 0:
+        report.validation_out = str(validation_path(out))
+        report.validation_records = writer.write(validation, validation_path(out))
     return report
 
 

@@ -15,6 +15,10 @@ Formats:
   plus ``tools`` (TRL conversational preference with an explicit prompt).
 - ``nemo``: ``{"prompt": str | [messages], "chosen_response": str, "rejected_response": str}``
   (NVIDIA NeMo Customizer DPO).
+- ``art``: ``{"trajectories": [{"messages_and_choices": [...], "tools", "additional_histories",
+  "reward", "metrics", "metadata", "logs"}], "exceptions": []}``, one OpenPipe ART
+  ``TrajectoryGroup`` per line (RL: GRPO on groups); every history keeps the
+  episode-order rules of `opto.preference.trajectories.episode_problem`.
 
 Roles differ by format: "developer" is OpenAI's alone; OpenAI needs a "tool" message to
 name the `tool_call_id` it answers; NeMo's DPO prompts hold system, user and assistant
@@ -30,9 +34,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import OptoError
+from .trajectories import episode_problem
 
 __all__ = [
     "FORMATS",
+    "ARTGroupRecord",
+    "ARTTrajectoryRecord",
     "ChatMessage",
     "DatasetFormatError",
     "NeMoMessage",
@@ -226,12 +233,46 @@ class NeMoPreferenceRecord(_Strict):
         return self
 
 
+class ARTTrajectoryRecord(BaseModel):
+    """One ART trajectory: its histories keep the episode order, its reward is a finite number."""
+
+    model_config = ConfigDict(extra="allow")
+
+    messages_and_choices: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    additional_histories: list[dict[str, Any]] = Field(default_factory=list)
+    reward: float = Field(allow_inf_nan=False)
+    metrics: dict[str, float | int | bool] = Field(default_factory=dict)
+    metadata: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _in_episode_order(self) -> ARTTrajectoryRecord:
+        histories = [self.messages_and_choices, *(h.get("messages_and_choices") or [] for h in
+                                                   self.additional_histories)]
+        for index, history in enumerate(histories):
+            problem = episode_problem(history)
+            if problem is not None:
+                where = "messages_and_choices" if index == 0 else f"additional_histories.{index - 1}"
+                raise ValueError(f"{where}: {problem}")
+        return self
+
+
+class ARTGroupRecord(BaseModel):
+    """One ART trajectory group (one example's trajectories)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trajectories: list[ARTTrajectoryRecord] = Field(min_length=1)
+    exceptions: list[dict[str, Any]] = Field(default_factory=list)
+
+
 FORMATS: dict[str, type[BaseModel]] = {
     "openai-dpo": OpenAIDPORecord,
     "openai-sft": OpenAISFTRecord,
     "trl": TRLPreferenceRecord,
     "trl-chat": TRLChatPreferenceRecord,
     "nemo": NeMoPreferenceRecord,
+    "art": ARTGroupRecord,
 }
 
 

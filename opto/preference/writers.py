@@ -2,7 +2,8 @@
 
 Each writer turns items into records, validates every record against its format's schema
 (`opto.preference.schemas`) and writes the file atomically. Pick one by name with
-`get_writer("openai-dpo" | "openai-sft" | "trl" | "trl-chat" | "nemo", **options)`:
+`get_writer("openai-dpo" | "openai-sft" | "trl" | "trl-chat" | "nemo" | "art", **options)`
+("art" writes trajectory groups, not pairs):
 "trl" needs `tokenizer=` (the target model's, for its chat template) and "nemo" takes
 `prompt="messages" | "string"`.
 """
@@ -16,8 +17,10 @@ from typing import Any, ClassVar, Literal
 from .._io import atomic_write_jsonl
 from .pairs import PreferencePair, SupervisedExample
 from .schemas import FORMATS, validate_record
+from .trajectories import TrajectoryGroup
 
 __all__ = [
+    "ARTWriter",
     "NeMoWriter",
     "OpenAIDPOWriter",
     "OpenAISFTWriter",
@@ -48,14 +51,14 @@ class Writer:
     """Base class: `to_record` builds one record; `records` and `write` validate each."""
 
     format: ClassVar[str]
-    kind: ClassVar[Literal["pairs", "supervised"]] = "pairs"
+    kind: ClassVar[Literal["pairs", "supervised", "groups"]] = "pairs"
 
     def to_record(self, item: Any) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def records(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         """Every item as a validated record (`DatasetFormatError` names the first bad one)."""
-        expected = SupervisedExample if self.kind == "supervised" else PreferencePair
+        expected = {"supervised": SupervisedExample, "groups": TrajectoryGroup}.get(self.kind, PreferencePair)
         records = []
         for index, item in enumerate(items):
             if not isinstance(item, expected):
@@ -64,7 +67,7 @@ class Writer:
             try:
                 validate_record(record, self.format)
             except ValueError as exc:
-                raise type(exc)(f"item {index} (turn {item.turn_id}): {exc}") from None
+                raise type(exc)(f"item {index} ({_item_name(item)}): {exc}") from None
             records.append(record)
         return records
 
@@ -155,8 +158,22 @@ class NeMoWriter(Writer):
         return {"prompt": prompt, "chosen_response": item.chosen, "rejected_response": item.rejected}
 
 
+class ARTWriter(Writer):
+    """OpenPipe ART: one `TrajectoryGroup` per line, as `TrajectoryGroup.model_dump(mode="json")`."""
+
+    format = "art"
+    kind = "groups"
+
+    def to_record(self, item: TrajectoryGroup) -> dict[str, Any]:
+        return item.model_dump(mode="json")
+
+
+def _item_name(item: Any) -> str:
+    return f"turn {item.turn_id}" if hasattr(item, "turn_id") else f"group of example {item.example_id}"
+
+
 _WRITERS: dict[str, type[Writer]] = {
-    w.format: w for w in (OpenAIDPOWriter, OpenAISFTWriter, TRLWriter, TRLChatWriter, NeMoWriter)
+    w.format: w for w in (OpenAIDPOWriter, OpenAISFTWriter, TRLWriter, TRLChatWriter, NeMoWriter, ARTWriter)
 }
 assert set(_WRITERS) == set(FORMATS)
 

@@ -18,23 +18,16 @@ that knows `output_dir` and the job id.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json
 from ..preference.schemas import validate_jsonl
-from .base import FineTuneError, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
-from .trl_job import DEFAULT_LORA, JobFiles, JobState
+from .base import FineTuneError, TrainingJobRef
+from .job_folder import DEFAULT_LORA
+from .worker_jobs import WorkerJobAdapter
 
 __all__ = ["TRLAdapter"]
 
@@ -43,7 +36,7 @@ logger = logging.getLogger(__name__)
 _INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings trl, peft and torch)"
 
 
-class TRLAdapter(TrainerAdapter):
+class TRLAdapter(WorkerJobAdapter):
     """Run DPO locally with TRL on a Hugging Face model, in a child process per job.
 
     Args:
@@ -65,6 +58,7 @@ class TRLAdapter(TrainerAdapter):
     """
 
     backend = "trl"
+    worker_module = "opto.finetune.trl_worker"
 
     def __init__(
         self,
@@ -100,7 +94,6 @@ class TRLAdapter(TrainerAdapter):
             self.lora = None
         self.min_examples = min_examples
         self.cancel_grace = cancel_grace
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
         return f"TRLAdapter({self.model_path!r}, output_dir={str(self.output_dir)!r})"
@@ -132,106 +125,15 @@ class TRLAdapter(TrainerAdapter):
         validate_jsonl(dataset, _detect_format(Path(dataset)), min_examples=self.min_examples)
         if validation_dataset is not None:
             validate_jsonl(validation_dataset, _detect_format(Path(validation_dataset)), min_examples=1)
-        job_id = f"trl-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        files = JobFiles(self.output_dir / job_id)
-        files.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(files.settings, {
+        files = self._new_job({
             "model_path": self.model_path, "dataset": str(Path(dataset).resolve()),
             "validation": str(Path(validation_dataset).resolve()) if validation_dataset else None,
             "settings": self.settings, "lora": self.lora})
-        files.write_state(JobState(job_id=job_id, message="queued"))
-        with files.log.open("ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", "opto.finetune.trl_worker", str(files.folder)],
-                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)  # its own group: survives a Ctrl-C of the caller
-        files.write_process(process.pid)
-        self._processes[job_id] = process
+        self._start_worker(files)
+        job_id = files.folder.name
         return TrainingJobRef(job_id=job_id, backend=self.backend, base_model=self.model_path, method="dpo",
                               training_file=str(dataset),
                               validation_file=str(validation_dataset) if validation_dataset else None)
-
-    async def status(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
-        """The job's state, read from its folder (so from any process).
-
-        A worker that died without writing a final state (killed, out of memory) is
-        reported as failed, with the end of its log.
-        """
-        job_id = job_id_of(ref)
-        files = self._files(job_id)
-        state = files.read_state()
-        if not state.done and not self._worker_alive(job_id, files):
-            state = files.read_state()  # it may have finished between the two reads
-            if not state.done:
-                tail = files.log_tail()
-                state = state.model_copy(update={
-                    "status": "failed", "finished_at": time.time(), "progress": None,
-                    "error": "the training process ended without a result" + (f": {tail}" if tail else ""),
-                    "message": "the training process ended without a result (see train.log)"})
-                files.write_state(state)
-        return TrainingJobStatus(job_id=job_id, status=state.status, raw_status=state.status,
-                                 progress=state.progress, message=state.message,
-                                 fine_tuned_model=state.fine_tuned_model, error=state.error)
-
-    async def cancel(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
-        """Stop the job after its current step (from any process); a worker that does not
-        stop within `cancel_grace` seconds is terminated."""
-        job_id = job_id_of(ref)
-        files = self._files(job_id)
-        if files.read_state().done:
-            return await self.status(job_id)
-        files.cancel.touch()
-        deadline = time.monotonic() + self.cancel_grace
-        while time.monotonic() < deadline:
-            if files.read_state().done or not self._worker_alive(job_id, files):
-                break
-            await asyncio.sleep(0.1)
-        if not files.read_state().done:
-            pid = files.live_pid()
-            if pid is not None:
-                try:
-                    os.killpg(pid, signal.SIGTERM)  # the worker leads its own process group
-                except ProcessLookupError:
-                    pass
-                await asyncio.to_thread(self._reap, job_id)
-            state = files.read_state()
-            if not state.done:
-                files.write_state(state.model_copy(update={"status": "cancelled", "finished_at": time.time(),
-                                                           "message": "cancelled (the worker was terminated)"}))
-        return await self.status(job_id)
-
-    def join(self, ref: TrainingJobRef | str, timeout: float | None = None) -> None:
-        """Block until a job this adapter started has ended (sync code with nothing else to do)."""
-        process = self._processes.get(job_id_of(ref))
-        if process is not None:
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-
-    # -- helpers ---------------------------------------------------------------------
-
-    def _files(self, job_id: str) -> JobFiles:
-        files = JobFiles(self.output_dir / job_id)
-        if not files.state.is_file():
-            raise FineTuneError(f"no TRL job {job_id!r} in {self.output_dir}")
-        return files
-
-    def _worker_alive(self, job_id: str, files: JobFiles) -> bool:
-        process = self._processes.get(job_id)
-        if process is not None:  # our own child: poll() also reaps it
-            return process.poll() is None
-        if not files.process.is_file():  # submitted a moment ago: the pid is not written yet
-            return True
-        return files.live_pid() is not None
-
-    def _reap(self, job_id: str) -> None:
-        process = self._processes.get(job_id)
-        if process is not None:
-            try:
-                process.wait(timeout=self.cancel_grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def _require_trl(lora: bool = False) -> None:

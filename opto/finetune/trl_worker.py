@@ -16,7 +16,7 @@ from typing import Any
 
 from .._io import read_jsonl
 from ..preference.schemas import DatasetFormatError
-from .trl_job import JobFiles
+from .job_folder import JobFiles
 
 logger = logging.getLogger("opto.finetune.trl_worker")
 

@@ -1,7 +1,9 @@
-"""Offline fakes for code that talks to OpenAI-compatible APIs and to NVIDIA NeMo Customizer."""
+"""Offline fakes for code that talks to OpenAI-compatible APIs, NVIDIA NeMo Customizer and
+OpenPipe ART's training servers."""
 
+from opto.testing.fake_art import FakeARTServer
 from opto.testing.fake_nemo import FakeNeMoCustomizer, FakeNeMoJob
 from opto.testing.fake_openai import FakeOpenAIServer, FakeReply, LognormalLatency, RecordedRequest, StoredFile
 
-__all__ = ["FakeNeMoCustomizer", "FakeNeMoJob", "FakeOpenAIServer", "FakeReply", "LognormalLatency",
+__all__ = ["FakeARTServer", "FakeNeMoCustomizer", "FakeNeMoJob", "FakeOpenAIServer", "FakeReply", "LognormalLatency",
            "RecordedRequest", "StoredFile"]

@@ -11,6 +11,7 @@ import email.policy
 import json
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -52,6 +53,8 @@ class Response:
     body: bytes
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # A streamed answer: each chunk is sent as it is produced (chunked transfer encoding).
+    chunks: Iterator[bytes] | None = None
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -142,6 +145,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch()
 
+    def _stream(self, response: Response) -> None:
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for chunk in response.chunks or ():
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks = []
@@ -172,6 +185,9 @@ class Handler(BaseHTTPRequestHandler):
                 response = error(500, f"fake server handler error: {type(exc).__name__}: {exc}")
             if response is None:
                 self.close_connection = True
+                return
+            if response.chunks is not None:
+                self._stream(response)
                 return
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)

@@ -1,4 +1,4 @@
-"""The files of one TRL job's folder, shared by `TRLAdapter` and its worker process."""
+"""The files of one job folder, shared by an adapter (`TRLAdapter`, `ARTAdapter`) and its worker process."""
 
 from __future__ import annotations
 

@@ -91,10 +91,14 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _fake_server(args: argparse.Namespace) -> int:
-    from .testing import FakeNeMoCustomizer, FakeOpenAIServer
+    from .testing import FakeARTServer, FakeNeMoCustomizer, FakeOpenAIServer
 
-    if args.nemo:
-        server: FakeOpenAIServer | FakeNeMoCustomizer = FakeNeMoCustomizer(port=args.port)
+    if args.art:
+        server: FakeOpenAIServer | FakeNeMoCustomizer | FakeARTServer = FakeARTServer(port=args.port)
+        hint = ("opto finetune submit GROUPS --backend art --base-url {url} --model NAME --base-model BASE "
+                "--output-dir art-jobs --allow-without-logprobs --wait")
+    elif args.nemo:
+        server = FakeNeMoCustomizer(port=args.port)
         hint = "opto finetune submit FILE --backend nemo --base-url {url} --model CONFIG"
     else:
         reply = None if args.echo or args.reply is None else args.reply
@@ -193,9 +197,9 @@ def _finetune(args: argparse.Namespace) -> int:
             if state:
                 atomic_write_json(state, adapter.state_dict())  # type: ignore[attr-defined]
                 print(f"saved the adapter state to {state} (no key)")
-            if args.backend == "trl":
+            if args.backend in ("trl", "art"):
                 print(f"job folder: {Path(args.output_dir) / ref.job_id} (follow it with: opto finetune status "
-                      f"{ref.job_id} --backend trl --output-dir {args.output_dir})")
+                      f"{ref.job_id} --backend {args.backend} --output-dir {args.output_dir})")
             if not args.wait:
                 return show(await adapter.status(ref))
             return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval,
@@ -217,8 +221,9 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
 
     from .finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter, TRLAdapter
 
-    if args.state and args.backend == "trl":
-        raise ValueError("--state is for the openai and nemo backends; trl keeps its jobs in --output-dir")
+    if args.state and args.backend in ("trl", "art"):
+        raise ValueError(f"--state is for the openai and nemo backends; {args.backend} keeps its jobs in "
+                         "--output-dir")
     if args.action != "submit" and args.state:
         saved = json.loads(Path(args.state).read_text(encoding="utf-8"))
         restore = NeMoCustomizerAdapter if args.backend == "nemo" else OpenAIFineTuneAdapter
@@ -229,7 +234,9 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
         raise ValueError({"openai": "submit needs --model, the base model to fine-tune",
                           "nemo": "submit needs --model, the Customizer config of the base model "
                                   "(e.g. meta/llama-3.2-1b-instruct@v1.0.0+A100)",
-                          "trl": "submit needs --model, the folder of the Hugging Face model to train"}[args.backend])
+                          "trl": "submit needs --model, the folder of the Hugging Face model to train",
+                          "art": "submit needs --model, the name of the trained model (ART serves it as a LoRA)"
+                          }[args.backend])
     options = _hyperparameters(getattr(args, "hyperparameter", None))
     if args.backend == "trl":
         if not args.output_dir:
@@ -238,6 +245,8 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
         return TRLAdapter(model or "", output_dir=args.output_dir,
                           **({"max_steps": max_steps} if max_steps else {}), config=options,
                           lora=True if getattr(args, "lora", False) else None)
+    if args.backend == "art":
+        return _art_adapter(args, model)
     method = getattr(args, "method", "dpo")
     if args.backend == "nemo":
         return NeMoCustomizerAdapter(model or "unknown", base_url=args.base_url, namespace=args.namespace,
@@ -249,6 +258,21 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
     return OpenAIFineTuneAdapter(model or "unknown", method="supervised" if method in ("sft", "supervised")
                                  else "dpo", base_url=args.base_url, hyperparameters=options,
                                  suffix=getattr(args, "suffix", None), seed=getattr(args, "seed", None))
+
+
+def _art_adapter(args: argparse.Namespace, model: str | None) -> TrainerAdapter:
+    from .finetune import ARTAdapter
+
+    if not args.output_dir:
+        raise ValueError("--backend art needs --output-dir, where the job's folder is (or will be) made")
+    if args.action != "submit":  # status, wait, cancel read the job folder only
+        return ARTAdapter("unused", base_model="unused", base_url="http://unused", output_dir=args.output_dir)
+    if not args.base_url or not args.base_model:
+        raise ValueError("--backend art needs --base-url (the art run server, or W&B's API root) and --base-model")
+    return ARTAdapter(model or "", base_model=args.base_model, base_url=args.base_url, protocol=args.protocol,
+                      project=args.project, learning_rate=args.learning_rate, kl_penalty=args.kl_penalty,
+                      dev_config={"allow_training_without_logprobs": True} if args.allow_without_logprobs else {},
+                      output_dir=args.output_dir)
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -287,14 +311,14 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
     ):
         sub = actions.add_parser(action, help=help_text)
         sub.add_argument("target", help=target)
-        sub.add_argument("--backend", choices=["openai", "nemo", "trl"], default="openai",
+        sub.add_argument("--backend", choices=["openai", "nemo", "trl", "art"], default="openai",
                          help="openai: any OpenAI-compatible fine-tuning API (default); nemo: NVIDIA NeMo "
-                         "Customizer; trl: local DPO")
+                         "Customizer; trl: local DPO; art: GRPO on trajectory groups (OpenPipe ART)")
         sub.add_argument("--base-url", help="openai: the API root (default OPENAI_BASE_URL, then OpenAI; the key is "
                          "read from OPENAI_API_KEY); nemo: the Customizer's root (default NEMO_CUSTOMIZER_URL; "
                          "the key from NEMO_API_KEY or NGC_API_KEY)")
         sub.add_argument("--namespace", default="default", help="nemo: the namespace of datasets and models")
-        sub.add_argument("--output-dir", help="trl: where job folders are")
+        sub.add_argument("--output-dir", help="trl, art: where job folders are")
         if action == "submit":
             sub.add_argument("--model", help="the base model (openai: its name; nemo: its Customizer config; "
                              "trl: a model folder)")
@@ -309,6 +333,15 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
             sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
             sub.add_argument("--lora", action="store_true", help="trl: train a LoRA adapter (peft) instead of all "
                              "weights")
+            sub.add_argument("--protocol", choices=["art-run", "serverless"], default="art-run",
+                             help="art: an `art run` server (default) or W&B's serverless training API "
+                                  "(key from WANDB_API_KEY)")
+            sub.add_argument("--base-model", help="art: the model the trained LoRA starts from")
+            sub.add_argument("--project", default="opto", help="art: the model's project (default opto)")
+            sub.add_argument("--learning-rate", type=float, default=5e-6, help="art: the learning rate")
+            sub.add_argument("--kl-penalty", type=float, default=None, help="art: the KL penalty (beta)")
+            sub.add_argument("--allow-without-logprobs", action="store_true",
+                             help="art: train on trajectories without logprobs (off-policy)")
             sub.add_argument("--wait", action="store_true", help="wait until the job finishes")
             sub.add_argument("--state", help="openai, nemo: save the adapter's state (no key) to this JSON file")
         else:
@@ -363,8 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("--reply", help="the text every chat completion answers")
     answer.add_argument("--echo", action="store_true", help='answer "echo: <last user message>" (the default)')
     fake.add_argument("--rate-limit", type=float, default=None, help="requests per second before 429s")
-    fake.add_argument("--nemo", action="store_true", help="serve the fake NeMo Data Store, Entity Store and "
-                      "Customizer instead (for opto finetune --backend nemo)")
+    servers = fake.add_mutually_exclusive_group()
+    servers.add_argument("--nemo", action="store_true", help="serve the fake NeMo Data Store, Entity Store and "
+                         "Customizer instead (for opto finetune --backend nemo)")
+    servers.add_argument("--art", action="store_true", help="serve the fake ART training server instead (art run "
+                         "routes and W&B's serverless API, key test-key; for opto finetune --backend art)")
     fake.set_defaults(handler=_fake_server)
     report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
     report.add_argument("run_dir", help="the run directory")

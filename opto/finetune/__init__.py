@@ -14,8 +14,9 @@ async. From sync code run each with `asyncio.run(...)`::
         adapter.switch_models(final, agent_model)   # an OpenAIModel now uses the tuned model
 
 Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint),
-`NeMoCustomizerAdapter` (NVIDIA NeMo Customizer) and `TRLAdapter` (local DPO with TRL;
-needs the ``opto[trl]`` extra).
+`NeMoCustomizerAdapter` (NVIDIA NeMo Customizer), `TRLAdapter` (local DPO with TRL;
+needs the ``opto[trl]`` extra) and `ARTAdapter` (GRPO on trajectory
+groups through an OpenPipe ART server or W&B's serverless training API).
 """
 
 from .base import (
@@ -29,11 +30,13 @@ from .base import (
     TrainingJobRef,
     TrainingJobStatus,
 )
+from .art_adapter import ARTAdapter
 from .nemo_adapter import NeMoCustomizerAdapter, NeMoCustomizerState
 from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
 from .trl_adapter import TRLAdapter
 
 __all__ = [
+    "ARTAdapter",
     "JOB_STATES",
     "TERMINAL_STATES",
     "FineTuneError",

@@ -150,10 +150,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", response.content_type)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for chunk in response.chunks or ():
-            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
+        chunks = response.chunks or iter(())
+        try:
+            for chunk in chunks:
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        finally:  # a client gone mid-stream: the producer learns it now (GeneratorExit), not at gc
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

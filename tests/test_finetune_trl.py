@@ -206,3 +206,67 @@ def test_cli_trl_submit_returns_and_status_and_wait_work_from_a_new_command(
     assert main(["finetune", "status", job_id, *base]) == 0
     assert "succeeded" in capsys.readouterr().out
     assert (tmp_path / job_id / "model" / "adapter_config.json").is_file()
+
+
+# ------------------------------------------------------------------------------ GRPO on groups
+
+PROMPT = [{"role": "system", "content": "Count the items."}, {"role": "user", "content": "Count: apple apple"}]
+
+
+def art_group(replies: dict[str, float]) -> dict:
+    return {"trajectories": [{"messages_and_choices": [*PROMPT, {"finish_reason": "stop", "index": 0, "logprobs": None,
+                                                                 "message": {"role": "assistant", "content": text}}],
+                              "reward": reward, "metadata": {"example_id": "apples"}}
+                             for text, reward in replies.items()]}
+
+
+def reply_logprob(model, tokenizer, text: str) -> float:
+    """log p(text | PROMPT) under the chat template, computed here on its own."""
+    prompt = tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([*PROMPT, {"role": "assistant", "content": text}], tokenize=False)
+    ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids
+    start = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids.shape[1]
+    with torch.no_grad():
+        logits = model(ids).logits[0, start - 1:-1].log_softmax(-1)
+    return float(logits.gather(1, ids[0, start:].unsqueeze(1)).sum())
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["all-weights", "lora"])
+def test_grpo_on_groups_moves_probability_toward_the_higher_reward_reply(exported, tmp_path, lora):
+    groups = tmp_path / "groups.jsonl"
+    # the second group has equal rewards: it teaches nothing and is dropped
+    groups.write_text(json.dumps(art_group({"2": 1.0, "two apples": 0.0})) + "\n"
+                      + json.dumps(art_group({"3": 0.5, "three": 0.5})) + "\n")
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path / "jobs", method="grpo", max_steps=3,
+                         learning_rate=3e-2 if lora else 1e-2, beta=0.01, lora=lora or None)
+    ref = asyncio.run(adapter.submit(groups))
+    final = asyncio.run(adapter.wait_until_complete(ref, poll_interval=0.2, timeout=240))
+    assert final.status == "succeeded", final.message
+    assert ref.method == "grpo" and final.progress == 1.0
+    log = (Path(final.fine_tuned_model).parent / "train.log").read_text()
+    assert "grpo step 3/3" in log and "training on 2 replies (1 groups dropped: equal rewards)" in log
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported["model"])
+    before = transformers.AutoModelForCausalLM.from_pretrained(exported["model"])
+    if lora:
+        from peft import PeftModel
+
+        after = PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(exported["model"]),
+                                          final.fine_tuned_model)
+    else:
+        after = transformers.AutoModelForCausalLM.from_pretrained(final.fine_tuned_model)
+    margin_before = reply_logprob(before, tokenizer, "2") - reply_logprob(before, tokenizer, "two apples")
+    margin_after = reply_logprob(after, tokenizer, "2") - reply_logprob(after, tokenizer, "two apples")
+    assert margin_after > margin_before + 0.1, (margin_before, margin_after)
+
+
+def test_grpo_refuses_a_file_that_is_not_groups_and_groups_that_cannot_teach(exported, tmp_path):
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path / "jobs", method="grpo", max_steps=1)
+    with pytest.raises(ValueError, match="not a valid art record"):
+        asyncio.run(adapter.submit(exported["chat"]))
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text(json.dumps(art_group({"2": 1.0, "two": 1.0})) + "\n")
+    final = asyncio.run(adapter.wait_until_complete(asyncio.run(adapter.submit(flat)), poll_interval=0.2,
+                                                    timeout=240))
+    assert final.status == "failed" and "has rewards that vary (1 dropped)" in final.error
+    with pytest.raises(ValueError, match="method must be 'dpo' or 'grpo'"):
+        TRLAdapter(exported["model"], output_dir=tmp_path, method="ppo")

@@ -3,6 +3,7 @@ the embedded model, the export, and the fine-tuning submits against the offline 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -50,3 +51,33 @@ def test_the_readme_walkthrough_runs_as_written_on_the_embedded_model(tmp_path: 
         submitted = run(commands[4], tmp_path, {**env, "NEMO_CUSTOMIZER_URL": nemo.base_url})
         [nemo_job] = nemo.jobs.values()
     assert "succeeded" in submitted and nemo_job.request["hyperparameters"]["training_type"] == "dpo"
+
+
+def rl_walkthrough_commands() -> list[list[str]]:
+    section = (ROOT / "README.md").read_text().split("## From rollouts to RL", 1)[1].split("**Groups.**", 1)[0]
+    [block] = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    return [shlex.split(line) for line in block.strip().splitlines()]
+
+
+def test_the_readme_rl_walkthrough_runs_as_written_on_the_embedded_model(tmp_path: Path) -> None:
+    from opto.testing import FakeARTServer
+
+    commands = rl_walkthrough_commands()
+    assert [c[:2] for c in commands] == [["opto", "demo"], ["opto", "export"], ["opto", "collect"],
+                                         ["opto", "export"], ["opto", "finetune"]]
+    env = dict(os.environ)
+    run(commands[0], tmp_path, env)
+    exported = run(commands[1], tmp_path, env)
+    groups = int(re.search(r"wrote (\d+) art records", exported).group(1))
+    assert groups >= 20  # the bar for the demo's own run
+    records = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert all(len({t["reward"] for t in r["trajectories"]}) > 1 for r in records)
+    run(commands[2], tmp_path, env)
+    collected = run(commands[3], tmp_path, env)
+    assert int(re.search(r"wrote (\d+) art records", collected).group(1)) > 0
+    port = int(re.search(r"127\.0\.0\.1:(\d+)", shlex.join(commands[4])).group(1))
+    with FakeARTServer(port=port) as server:
+        submitted = run(commands[4], tmp_path, env)
+        [training] = server.trainings
+    assert "succeeded" in submitted and "plural-agent@1" in submitted
+    assert len(training["trajectory_groups"]) == groups

@@ -1,4 +1,4 @@
-"""`TRLAdapter`: DPO on your own machine with TRL's `DPOTrainer` (extra ``opto[trl]``).
+"""`TRLAdapter`: DPO (TRL's `DPOTrainer`) or GRPO on stored groups, on your own machine (extra ``opto[trl]``).
 
 It trains a Hugging Face causal LM (a local folder with config, weights and tokenizer, or
 a hub id when the machine may download) on a preference file written by
@@ -37,12 +37,15 @@ _INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings
 
 
 class TRLAdapter(WorkerJobAdapter):
-    """Run DPO locally with TRL on a Hugging Face model, in a child process per job.
+    """Train locally on a Hugging Face model, in a child process per job: DPO with TRL on
+    preference pairs, or GRPO on trajectory groups (`method="grpo"`, `opto.finetune.grpo`).
 
     Args:
         model_path: a local model folder (or hub id) with its tokenizer.
         output_dir: where each job's folder is made.
-        beta: the DPO temperature (how far from the reference model).
+        method: "dpo" (a trl-chat or trl file) or "grpo" (an art file of trajectory groups).
+        beta: the DPO temperature (how far from the reference model); for GRPO the KL
+            penalty against the starting model (0 turns it off).
         learning_rate, num_train_epochs, max_steps, per_device_train_batch_size,
         gradient_accumulation_steps, max_length, seed: the usual `DPOConfig` settings
             (`max_steps=-1` trains for `num_train_epochs`).
@@ -65,6 +68,7 @@ class TRLAdapter(WorkerJobAdapter):
         model_path: str | Path,
         *,
         output_dir: str | Path,
+        method: str = "dpo",
         beta: float = 0.1,
         learning_rate: float = 5e-6,
         num_train_epochs: float = 1.0,
@@ -78,8 +82,11 @@ class TRLAdapter(WorkerJobAdapter):
         min_examples: int = 1,
         cancel_grace: float = 10.0,
     ) -> None:
+        if method not in ("dpo", "grpo"):
+            raise ValueError(f"method must be 'dpo' or 'grpo', got {method!r}")
         self.model_path = str(model_path)
         self.output_dir = Path(output_dir)
+        self.method = method
         self.settings: dict[str, Any] = {
             "beta": beta, "learning_rate": learning_rate, "num_train_epochs": num_train_epochs,
             "max_steps": max_steps, "per_device_train_batch_size": per_device_train_batch_size,
@@ -122,16 +129,17 @@ class TRLAdapter(WorkerJobAdapter):
         if not isinstance(dataset, (str, Path)):
             raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
         _require_trl(self.lora is not None)
-        validate_jsonl(dataset, _detect_format(Path(dataset)), min_examples=self.min_examples)
+        fmt = "art" if self.method == "grpo" else _detect_format(Path(dataset))
+        validate_jsonl(dataset, fmt, min_examples=self.min_examples)
         if validation_dataset is not None:
-            validate_jsonl(validation_dataset, _detect_format(Path(validation_dataset)), min_examples=1)
+            validate_jsonl(validation_dataset, fmt, min_examples=1)
         files = self._new_job({
-            "model_path": self.model_path, "dataset": str(Path(dataset).resolve()),
+            "model_path": self.model_path, "method": self.method, "dataset": str(Path(dataset).resolve()),
             "validation": str(Path(validation_dataset).resolve()) if validation_dataset else None,
             "settings": self.settings, "lora": self.lora})
         self._start_worker(files)
         job_id = files.folder.name
-        return TrainingJobRef(job_id=job_id, backend=self.backend, base_model=self.model_path, method="dpo",
+        return TrainingJobRef(job_id=job_id, backend=self.backend, base_model=self.model_path, method=self.method,
                               training_file=str(dataset),
                               validation_file=str(validation_dataset) if validation_dataset else None)
 

@@ -26,7 +26,7 @@ def main(folder: str) -> int:
     job = json.loads(files.settings.read_text(encoding="utf-8"))
     files.update(status="running", started_at=time.time(), message="loading the model")
     try:
-        final = train(files, job)
+        final = train_grpo(files, job) if job.get("method") == "grpo" else train(files, job)
     except BaseException as exc:  # every failure is reported through job.json
         traceback.print_exc()
         files.update(status="failed", progress=None, finished_at=time.time(),
@@ -85,6 +85,57 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
     if files.cancel.exists():
         return None
     trainer.save_model(str(files.model))  # with LoRA: the adapter (adapter_config.json + weights)
+    tokenizer.save_pretrained(str(files.model))
+    return files.model
+
+
+def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
+    """GRPO on stored trajectory groups (`opto.finetune.grpo`); the saved model's folder, or
+    None when cancelled."""
+    if files.cancel.exists():
+        return None
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .grpo import completions_of, grpo_loss
+
+    settings = job["settings"]
+    torch.manual_seed(int(settings.get("seed", 0)))
+    tokenizer = AutoTokenizer.from_pretrained(job["model_path"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise DatasetFormatError(f"the tokenizer of {job['model_path']} has no chat template: GRPO scores each "
+                                 "reply under it")
+    model = AutoModelForCausalLM.from_pretrained(job["model_path"])
+    beta = float(settings.get("beta") or 0.0)
+    reference = copy.deepcopy(model).eval() if beta > 0 else None
+    if job.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**job["lora"]))
+    completions, dropped = completions_of(read_jsonl(job["dataset"]))
+    if not completions:
+        raise DatasetFormatError(f"no group in {job['dataset']} has rewards that vary ({dropped} dropped): GRPO "
+                                 "learns nothing from them")
+    steps = int(settings.get("max_steps") or 0)
+    steps = steps if steps > 0 else max(1, round(float(settings.get("num_train_epochs", 1.0))))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=float(settings["learning_rate"]))
+    model.train()
+    started = f"training on {len(completions)} replies ({dropped} groups dropped: equal rewards)"
+    logger.info("grpo: %s", started)
+    files.update(message=started)
+    for step in range(1, steps + 1):
+        if files.cancel.exists():
+            return None
+        optimizer.zero_grad()
+        loss = grpo_loss(model, tokenizer, completions, beta=beta, reference=reference)
+        loss.backward()
+        optimizer.step()
+        logger.info("grpo step %d/%d: loss %.4f", step, steps, loss.item())
+        files.update(progress=step / steps, message=f"step {step}/{steps}, loss {loss.item():.4f}")
+    model.save_pretrained(str(files.model))  # with LoRA: the adapter
     tokenizer.save_pretrained(str(files.model))
     return files.model
 

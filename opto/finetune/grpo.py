@@ -1,0 +1,101 @@
+"""GRPO on stored trajectory groups: the loss `TRLAdapter(method="grpo")` trains with.
+
+TRL's `GRPOTrainer` draws its completions from the policy while it trains (its rollout
+function generates them); it has no way to take completions that were sampled earlier,
+with their rewards, as they are. So the worker applies GRPO's objective to the stored
+groups itself, in a small loop over the same Hugging Face model (LoRA optional):
+
+- each group's rewards become advantages, (reward - group mean) / (group std + 1e-6);
+  a group whose rewards are all equal teaches nothing and is dropped (counted);
+- every assistant reply of a trajectory (the last call's choice and each additional
+  history's) is a completion, scored under the model's chat template given the messages
+  before it;
+- the loss is the mean over completions of -advantage x (mean log-probability of the
+  completion's tokens), plus, with `beta` > 0, `beta` x the k3 estimate of the KL
+  divergence from the starting model (exp(ref - logp) - (ref - logp) - 1 per token).
+
+As the samples are off-policy (drawn earlier, possibly by another model) there is no
+importance ratio or clipping: this is GRPO's advantage weighting of stored samples.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ScoredReply", "completions_of", "completion_logprobs", "grpo_loss"]
+
+
+@dataclass
+class ScoredReply:
+    """One assistant reply to learn from: its prompt (chat messages), its text and its advantage."""
+
+    prompt: list[dict[str, Any]]
+    text: str
+    advantage: float
+
+
+def completions_of(groups: list[dict[str, Any]]) -> tuple[list[ScoredReply], int]:
+    """The completions of every group with varying rewards, and the number of groups dropped."""
+    completions: list[ScoredReply] = []
+    dropped = 0
+    for group in groups:
+        trajectories = group.get("trajectories") or []
+        rewards = [float(t["reward"]) for t in trajectories]
+        if len(rewards) < 2 or statistics.pstdev(rewards) == 0:
+            dropped += 1
+            continue
+        mean, std = statistics.mean(rewards), statistics.pstdev(rewards)
+        for trajectory, reward in zip(trajectories, rewards):
+            advantage = (reward - mean) / (std + 1e-6)
+            histories = [trajectory["messages_and_choices"],
+                         *(h["messages_and_choices"] for h in trajectory.get("additional_histories") or [])]
+            for history in histories:
+                *before, last = history
+                reply = last.get("message", last)
+                completions.append(ScoredReply([_chat(m) for m in before], str(reply.get("content") or ""), advantage))
+    return completions, dropped
+
+
+def _chat(message: dict[str, Any]) -> dict[str, Any]:
+    """A message or an ART choice as {"role", "content"} for a chat template."""
+    inner = message.get("message", message) if "finish_reason" in message else message
+    return {"role": str(inner.get("role")), "content": str(inner.get("content") or "")}
+
+
+def completion_logprobs(model: Any, tokenizer: Any, completion: ScoredReply) -> Any:
+    """The log-probability of each token of the completion (a 1-d tensor)."""
+    import torch
+
+    prompt = tokenizer.apply_chat_template(completion.prompt, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([*completion.prompt, {"role": "assistant", "content": completion.text}],
+                                         tokenize=False)
+    if not full.startswith(prompt):  # a template that rewrites earlier turns: score the reply on its own
+        full = prompt + completion.text
+    prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+    full_ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids
+    start = prompt_ids.shape[1]
+    logits = model(full_ids).logits[0, start - 1:-1]
+    targets = full_ids[0, start:]
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
+
+
+def grpo_loss(model: Any, tokenizer: Any, completions: list[ScoredReply], *, beta: float = 0.0,
+              reference: Any = None) -> Any:
+    """The mean GRPO loss over `completions` (see the module); `reference` scores the KL term."""
+    import torch
+
+    total = torch.zeros(())
+    for completion in completions:
+        logprobs = completion_logprobs(model, tokenizer, completion)
+        if logprobs.numel() == 0:
+            continue
+        loss = -completion.advantage * logprobs.mean()
+        if beta > 0 and reference is not None:
+            with torch.no_grad():
+                ref = completion_logprobs(reference, tokenizer, completion)
+            delta = ref - logprobs
+            loss = loss + beta * (torch.exp(delta) - delta - 1).mean()
+        total = total + loss
+    return total / max(len(completions), 1)

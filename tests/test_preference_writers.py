@@ -154,6 +154,16 @@ def test_roles_are_checked_per_format() -> None:
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_every_writer_refuses_what_its_schema_refuses(fmt: str) -> None:
     writer = get_writer(fmt, tokenizer=TemplateTokenizer() if fmt == "trl" else None)
+    if writer.kind == "groups":
+        from opto.preference import Trajectory, TrajectoryGroup
+
+        out_of_order = Trajectory(messages_and_choices=[{"role": "assistant", "content": "a"}], reward=1.0,
+                                  metadata={"example_id": "e1"})
+        with pytest.raises(DatasetFormatError, match="group of example e1.*the first message is assistant"):
+            writer.records([TrajectoryGroup(trajectories=[out_of_order])])
+        with pytest.raises(TypeError, match="writes TrajectoryGroup"):
+            writer.records([pair()])
+        return
     item = best(response=" ") if writer.kind == "supervised" else pair(rejected="4")
     with pytest.raises(DatasetFormatError, match="turn t1"):
         writer.records([item])

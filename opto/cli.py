@@ -242,7 +242,10 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
         if not args.output_dir:
             raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
         max_steps = getattr(args, "max_steps", None)
-        return TRLAdapter(model or "", output_dir=args.output_dir,
+        method = getattr(args, "method", "dpo")
+        if method not in ("dpo", "grpo"):
+            raise ValueError(f"--backend trl trains with --method dpo or grpo, not {method}")
+        return TRLAdapter(model or "", output_dir=args.output_dir, method=method,
                           **({"max_steps": max_steps} if max_steps else {}), config=options,
                           lora=True if getattr(args, "lora", False) else None)
     if args.backend == "art":
@@ -322,8 +325,9 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
         if action == "submit":
             sub.add_argument("--model", help="the base model (openai: its name; nemo: its Customizer config; "
                              "trl: a model folder)")
-            sub.add_argument("--method", choices=["dpo", "supervised", "sft"], default="dpo",
-                             help="openai, nemo: dpo (default) or supervised (sft)")
+            sub.add_argument("--method", choices=["dpo", "supervised", "sft", "grpo"], default="dpo",
+                             help="openai, nemo: dpo (default) or supervised (sft); trl: dpo or grpo (on an art "
+                             "file of trajectory groups)")
             sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
                              help="openai: e.g. n_epochs=2, beta=0.1; nemo: e.g. epochs=1, beta=0.1; "
                              "trl: any DPOConfig setting (repeatable)")

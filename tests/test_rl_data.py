@@ -233,3 +233,51 @@ def test_cli_export_art_prints_the_group_counts(validated_run, tmp_path, capsys)
     assert main(["export", str(validated_run), "--format", "art", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {len(records(out))} art records" in printed and "groups dropped (every reward equal)" in printed
+
+
+# ------------------------------------------------------------------------------ logprobs
+
+
+async def test_logprobs_reach_the_completion_the_trace_the_cache_and_the_art_groups(tmp_path):
+    from opto import OpenAIModel, ResponseCache
+    from opto.llm import record_llm_calls
+    from opto.testing import FakeOpenAIServer
+
+    with FakeOpenAIServer(reply=lambda request: "four apples") as server:
+        model = OpenAIModel("gpt-4o-mini", base_url=server.base_url, api_key="test",
+                            cache=ResponseCache(tmp_path / "cache.sqlite"))
+        try:
+            with record_llm_calls() as trace:
+                fresh = await model.complete([{"role": "user", "content": "2+2 apples?"}], logprobs=True)
+                again = await model.complete([{"role": "user", "content": "2+2 apples?"}], logprobs=True)
+                plain = await model.complete([{"role": "user", "content": "2+2 apples?"}])
+        finally:
+            model.close()
+        sent = server.chat_requests
+    assert [t["token"] for t in fresh.logprobs] == ["four ", "apples"] and fresh.logprobs[0]["logprob"] < 0
+    assert again.cached and again.logprobs == fresh.logprobs  # from the cache, logprobs included
+    assert plain.logprobs == [] and len(sent) == 2 and sent[0]["logprobs"] is True and "logprobs" not in sent[1]
+    assert trace[0]["logprobs"] == fresh.logprobs and "logprobs" not in trace[2]
+
+
+class OnPolicy(Agent):
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.prompt = Parameter("Double it.", description="system prompt")
+
+    async def forward(self, x: Any) -> str:
+        messages = [{"role": "system", "content": self.prompt.value}, {"role": "user", "content": str(x)}]
+        return (await self.model.complete(messages, logprobs=True)).text
+
+
+def test_groups_of_rollouts_with_logprobs_are_on_policy(tmp_path):
+    def reply(messages):
+        return Completion(texts=["4"], sample_logprobs=[[{"token": "4", "logprob": -0.2}]])
+
+    collect(OnPolicy(ScriptedModel(reply)), ExactMatchGuide(), [{"x": 2, "info": "4", "id": "a"},
+                                                                 {"x": 3, "info": "6", "id": "b"}],
+            samples=2, run_dir=tmp_path / "c", progress=False)
+    reading = read_groups(tmp_path / "c", keep_constant_rewards=True)
+    assert reading.stats.off_policy_trajectories == 0 and reading.stats.trajectories == 4
+    choice = reading.groups[0].trajectories[0].messages_and_choices[-1]
+    assert choice["logprobs"] == {"content": [{"token": "4", "logprob": -0.2}]}

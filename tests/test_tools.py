@@ -103,7 +103,7 @@ async def test_a_cache_file_from_before_tool_calls_still_opens(tmp_path):
     db.execute("INSERT INTO responses VALUES ('k', 'old reply', 'stop')")
     db.commit()
     db.close()
-    assert ResponseCache(path).get("k") == ("old reply", "stop", [])
+    assert ResponseCache(path).get("k") == ("old reply", "stop", [], [])  # no tool calls, no logprobs
 
 
 @pytest.mark.parametrize("messages, tools, tool_choice, message", [

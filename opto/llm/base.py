@@ -77,8 +77,13 @@ class Model(ABC):
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         stop: list[str] | None = None,
+        logprobs: bool = False,
     ) -> Completion:
         """Send a chat request and return `n` samples.
+
+        `logprobs=True` asks for each sampled token's log-probability (OpenAI-compatible
+        servers; on-policy RL needs them): they are in `completion.sample_logprobs`, in
+        the trace and in the cache.
 
         `stop` ends a reply where one of its strings would begin (up to 4, as OpenAI
         allows); such a reply is complete (finish reason "stop"), not truncated.
@@ -105,6 +110,8 @@ class Model(ABC):
             if not isinstance(stop, list) or not 1 <= len(stop) <= 4 or not all(isinstance(x, str) and x for x in stop):
                 raise ValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
             optional["stop"] = stop
+        if logprobs:
+            optional["logprobs"] = True
         request = {
             "model": self.name,
             "messages": messages,
@@ -119,11 +126,12 @@ class Model(ABC):
         texts: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
         calls: list[list[ToolCall]] = [[] for _ in range(n)]
+        tokens: list[list[dict[str, Any]]] = [[] for _ in range(n)]
         if self.cache is not None:
             for i, key in enumerate(keys):
                 hit = self.cache.get(key)
                 if hit is not None:
-                    texts[i], reasons[i], calls[i] = hit
+                    texts[i], reasons[i], calls[i], tokens[i] = hit
         missing = [i for i, text in enumerate(texts) if text is None]
         usage = TokenUsage()
         model_name = self.name
@@ -141,8 +149,9 @@ class Model(ABC):
             for j, (i, text) in enumerate(zip(missing, fresh.texts)):
                 texts[i], reasons[i] = text, fresh.finish_reason
                 calls[i] = fresh.sample_tool_calls[j] if j < len(fresh.sample_tool_calls) else []
+                tokens[i] = fresh.sample_logprobs[j] if j < len(fresh.sample_logprobs) else []
                 if self.cache is not None:
-                    self.cache.put(keys[i], text, fresh.finish_reason, calls[i])
+                    self.cache.put(keys[i], text, fresh.finish_reason, calls[i], tokens[i])
         else:
             with self._usage_lock:
                 self._usage.cached_calls += 1
@@ -152,7 +161,7 @@ class Model(ABC):
             finish = "tool_calls"
         completion = Completion(
             texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing,
-            sample_tool_calls=calls if any(calls) else [],
+            sample_tool_calls=calls if any(calls) else [], sample_logprobs=tokens if any(tokens) else [],
         )
         if completion.truncated:
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
@@ -196,9 +205,10 @@ class Model(ABC):
     ) -> Completion:
         """Call the backend once for `n` samples (no cache, no budget: `complete` does those).
 
-        With tools, `complete` also passes `tools` and `tool_choice`, and with stop strings
-        `stop` (never without, so a backend written before they existed keeps working); a
-        backend that cannot call tools raises `LLMRequestError` for them.
+        With tools, `complete` also passes `tools` and `tool_choice`, with stop strings
+        `stop`, and `logprobs=True` when asked (never without, so a backend written before
+        they existed keeps working); a backend that cannot call tools, or give logprobs,
+        raises `LLMRequestError` for them.
         """
 
     async def aclose(self) -> None:

@@ -7,11 +7,11 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .types import ToolCall
 
-__all__ = ["ResponseCache", "request_key"]
+__all__ = ["CachedSample", "ResponseCache", "request_key"]
 
 
 def request_key(request: dict[str, Any], sample_index: int) -> str:
@@ -22,6 +22,15 @@ def request_key(request: dict[str, Any], sample_index: int) -> str:
     """
     payload = json.dumps({"request": request, "sample": sample_index}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class CachedSample(NamedTuple):
+    """One cached sample: its text, finish reason, tool calls and token logprobs."""
+
+    text: str
+    finish_reason: str | None
+    tool_calls: list[ToolCall]
+    logprobs: list[dict[str, Any]]
 
 
 class ResponseCache:
@@ -43,27 +52,31 @@ class ResponseCache:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
         if "tool_calls" not in columns:  # a cache file written before tool calls were cached
             self._db.execute("ALTER TABLE responses ADD COLUMN tool_calls TEXT")
+        if "logprobs" not in columns:  # ... or before logprobs were
+            self._db.execute("ALTER TABLE responses ADD COLUMN logprobs TEXT")
         self.hits = 0
         self.misses = 0
 
-    def get(self, key: str) -> tuple[str, str | None, list[ToolCall]] | None:
-        """(text, finish reason, tool calls) of a cached sample, or None."""
+    def get(self, key: str) -> CachedSample | None:
+        """The cached sample of `key`, or None."""
         with self._lock:
-            row = self._db.execute("SELECT text, finish_reason, tool_calls FROM responses WHERE key = ?",
+            row = self._db.execute("SELECT text, finish_reason, tool_calls, logprobs FROM responses WHERE key = ?",
                                    (key,)).fetchone()
             if row is None:
                 self.misses += 1
                 return None
             self.hits += 1
         calls = [ToolCall.model_validate(call) for call in json.loads(row[2])] if row[2] else []
-        return row[0], row[1], calls
+        return CachedSample(row[0], row[1], calls, json.loads(row[3]) if row[3] else [])
 
-    def put(self, key: str, text: str, finish_reason: str | None, tool_calls: list[ToolCall] | None = None) -> None:
+    def put(self, key: str, text: str, finish_reason: str | None, tool_calls: list[ToolCall] | None = None,
+            logprobs: list[dict[str, Any]] | None = None) -> None:
         calls = json.dumps([call.model_dump() for call in tool_calls]) if tool_calls else None
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO responses (key, text, finish_reason, tool_calls) VALUES (?, ?, ?, ?)",
-                (key, text, finish_reason, calls),
+                "INSERT OR REPLACE INTO responses (key, text, finish_reason, tool_calls, logprobs) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (key, text, finish_reason, calls, json.dumps(logprobs) if logprobs else None),
             )
 
     def __len__(self) -> int:

@@ -137,7 +137,11 @@ class LocalModel(Model):
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         stop: list[str] | None = None,
+        logprobs: bool = False,
     ) -> Completion:
+        if logprobs:
+            raise LLMRequestError(f"{self.name}: LocalModel does not return logprobs; serve the model with an "
+                                  "OpenAI-compatible server and use OpenAIModel")
         if tools is not None:
             # llama.cpp's tool calling needs a function-calling chat format the small
             # default model was not trained for: refuse clearly rather than ignore tools.

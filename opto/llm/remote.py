@@ -134,10 +134,13 @@ class RemoteChatModel(Model):
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         stop: list[str] | None = None,
+        logprobs: bool = False,
     ) -> Completion:
         params: dict[str, Any] = {"model": self.name, "messages": messages}
         if stop is not None:
             params["stop"] = stop
+        if logprobs:
+            params["logprobs"] = True
         if tools is not None:
             params["tools"] = tools
         if tool_choice is not None:
@@ -222,6 +225,7 @@ class RemoteChatModel(Model):
         texts = [(choice.get("message") or {}).get("content") or "" for choice in choices]
         calls = [tool_calls_of(choice.get("message") or {}) for choice in choices]
         reasons = [choice.get("finish_reason") for choice in choices]
+        sampled = [_token_logprobs(choice) for choice in choices]
         usage = body.get("usage") or {}
         if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
             tokens = TokenUsage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage.get("completion_tokens") or 0)
@@ -233,6 +237,7 @@ class RemoteChatModel(Model):
             usage=tokens,
             model=body.get("model") or self.name,
             sample_tool_calls=calls if any(calls) else [],
+            sample_logprobs=sampled if any(sampled) else [],
         )
 
     async def aclose(self) -> None:
@@ -287,3 +292,10 @@ def _keyless(error: BaseException | None) -> BaseException | None:
         return None
     text = f"{error} {getattr(error, 'message', '')} {getattr(error, 'body', '')}"
     return None if redact(text) != text else error
+
+
+def _token_logprobs(choice: dict[str, Any]) -> list[dict[str, Any]]:
+    """A choice's `logprobs.content` (one {"token", "logprob", ...} per token), or []."""
+    found = choice.get("logprobs")
+    content = found.get("content") if isinstance(found, dict) else None
+    return [dict(t) for t in content if isinstance(t, dict)] if isinstance(content, list) else []

@@ -21,7 +21,8 @@ class ScriptedModel(Model):
 
     Args:
         responses: a list of replies returned in order, one per sample (an item may be
-            a str, a `Completion` to set `finish_reason` or `sample_tool_calls`, or an
+            a str, a `Completion` to set `finish_reason`, `sample_tool_calls` or
+            `sample_logprobs` (given only when the call asks for logprobs), or an
             exception to raise), or a callable `fn(messages) -> str | Completion` (sync or
             async) called once per sample.
         name: the model name (used in cache keys and usage).
@@ -57,15 +58,17 @@ class ScriptedModel(Model):
         self.requests.append({"messages": messages, **kwargs})
         texts: list[str] = []
         calls: list[list[ToolCall]] = []
+        tokens: list[list[dict[str, Any]]] = []
         finish = "stop"
         for _ in range(kwargs["n"]):
             item = await self._next(messages)
             if isinstance(item, BaseException):
                 raise item
             sample_calls: list[ToolCall] = []
+            sample_tokens: list[dict[str, Any]] = []
             if isinstance(item, Completion):
                 finish = item.finish_reason if item.truncated else finish
-                item, sample_calls = item.text, item.tool_calls
+                item, sample_calls, sample_tokens = item.text, item.tool_calls, item.logprobs
             if not isinstance(item, str):
                 raise TypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
             if sample_calls and "tools" not in kwargs:
@@ -73,10 +76,11 @@ class ScriptedModel(Model):
                                       "without tools=")
             texts.append(item)
             calls.append(sample_calls)
+            tokens.append(sample_tokens if kwargs.get("logprobs") else [])
         prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
         usage = TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
         return Completion(texts=texts, finish_reason=finish, usage=usage, model=self.name,
-                          sample_tool_calls=calls if any(calls) else [])
+                          sample_tool_calls=calls if any(calls) else [], sample_logprobs=tokens if any(tokens) else [])
 
     async def _next(self, messages: list[Message]) -> Any:
         if self._fn is not None:

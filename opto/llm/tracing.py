@@ -21,7 +21,8 @@ __all__ = ["LLMCall", "bounded_trace", "clip_middle", "record_call", "record_llm
 LLMCall = dict[str, Any]
 """A trace entry. A model call: {"model", "messages", "response", "cached"}, plus
 "tool_calls" (a list of {"id", "name", "arguments"}) and "tools" (the tool definitions
-offered) when it had them, and "truncated": True for a reply cut at max_tokens. A tool's result: {"tool_result": {"tool_call_id", "name", "content"}}."""
+offered) when it had them, "truncated": True for a reply cut at max_tokens, and "logprobs"
+(the reply's tokens with their logprobs) when the call asked for them. A tool's result: {"tool_result": {"tool_call_id", "name", "content"}}."""
 
 _TRACE: contextvars.ContextVar[list[LLMCall] | None] = contextvars.ContextVar("opto_llm_trace", default=None)
 
@@ -49,6 +50,8 @@ def record_call(model: str, messages: list[Message], completion: Completion,
             call["tools"] = tools
         if completion.truncated:  # cut at max_tokens: never a reply to learn from
             call["truncated"] = True
+        if completion.logprobs:  # what RL trains on-policy with
+            call["logprobs"] = completion.logprobs
         calls.append(call)
 
 

@@ -60,7 +60,9 @@ class Completion(BaseModel):
     `texts` holds `n` samples. `finish_reason` is "length" when any sample was cut by
     the token limit (check `truncated`): such text is incomplete, not a full answer.
     `sample_tool_calls[i]` holds the tool calls of sample i (empty without tools);
-    `tool_calls` those of the first sample.
+    `tool_calls` those of the first sample. With `complete(..., logprobs=True)`,
+    `sample_logprobs[i]` holds sample i's tokens as OpenAI gives them
+    ({"token", "logprob", ...}); `logprobs` those of the first sample.
     """
 
     texts: list[str]
@@ -69,6 +71,7 @@ class Completion(BaseModel):
     model: str = ""
     cached: bool = False
     sample_tool_calls: list[list[ToolCall]] = Field(default_factory=list)
+    sample_logprobs: list[list[dict[str, Any]]] = Field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -79,6 +82,11 @@ class Completion(BaseModel):
     def tool_calls(self) -> list[ToolCall]:
         """The first sample's tool calls."""
         return self.sample_tool_calls[0] if self.sample_tool_calls else []
+
+    @property
+    def logprobs(self) -> list[dict[str, Any]]:
+        """The first sample's token logprobs (empty unless asked for)."""
+        return self.sample_logprobs[0] if self.sample_logprobs else []
 
     def message(self, index: int = 0) -> Message:
         """Sample `index` as the assistant message to append to the conversation (with its

@@ -263,7 +263,7 @@ class ChatAPI:
                 {
                     "index": i,
                     "message": _message(text, reply.tool_calls),
-                    "logprobs": None,
+                    "logprobs": _logprobs(text) if body.get("logprobs") else None,
                     "finish_reason": reply.finish_reason,
                 }
                 for i, text in enumerate(reply.texts)
@@ -274,6 +274,15 @@ class ChatAPI:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _logprobs(text: str) -> dict[str, Any]:
+    """OpenAI's shape of a reply's token logprobs, one made-up token per word."""
+    words = [word + " " for word in text.split(" ")] if text else []
+    if words:
+        words[-1] = words[-1][:-1]
+    return {"content": [{"token": word, "logprob": round(-0.1 * (i + 1), 4), "bytes": list(word.encode()),
+                         "top_logprobs": []} for i, word in enumerate(words)], "refusal": None}
 
 
 def _cut_at(text: str, stops: list[Any]) -> str:

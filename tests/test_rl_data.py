@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from opto import Agent, AggregatedUpdate, Budget, ExactMatchGuide, Optimizer, Parameter, RunDir, ScriptedModel, collect
+from opto import Agent, Budget, ExactMatchGuide, Parameter, RunDir, ScriptedModel, collect
 from opto.cli import main
 from opto.llm import Completion, ToolCall, sampling, tool_result
 from opto.preference import DatasetFormatError, episode_problem, export_run, read_groups, validate_jsonl

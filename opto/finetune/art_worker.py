@@ -21,6 +21,7 @@ import httpx
 
 from .._io import read_jsonl
 from ..llm.redaction import redact, remember_secret
+from .base import error_detail
 from .job_folder import JobFiles
 
 
@@ -83,7 +84,7 @@ def _art_run(client: httpx.Client, files: JobFiles, job: dict[str, Any], groups:
     with client.stream("POST", "/_train_model", json=body, timeout=httpx.Timeout(job["timeout"], read=None)) as reply:
         if reply.status_code >= 400:
             reply.read()
-            raise RemoteError(f"the server refused to train ({reply.status_code}): {_detail(reply)}")
+            raise RemoteError(f"the server refused to train ({reply.status_code}): {error_detail(reply)}")
         for line in reply.iter_lines():
             _check_cancel(files)
             if not line.strip():
@@ -146,23 +147,11 @@ def _call(client: httpx.Client, method: str, path: str, what: str, **kwargs: Any
     except httpx.HTTPError as exc:
         raise RemoteError(f"cannot reach {client.base_url} to {what}: {type(exc).__name__}: {exc}") from None
     if reply.status_code >= 400:
-        raise RemoteError(f"the server refused to {what} ({reply.status_code}): {_detail(reply)}")
+        raise RemoteError(f"the server refused to {what} ({reply.status_code}): {error_detail(reply)}")
     try:
         return reply.json()
     except ValueError:
         return None
-
-
-def _detail(reply: httpx.Response) -> str:
-    try:
-        body = reply.json()
-    except ValueError:
-        return reply.text[:500]
-    if isinstance(body, dict):
-        for key in ("detail", "error", "message"):
-            if body.get(key):
-                return str(body[key])[:500]
-    return json.dumps(body)[:500]
 
 
 if __name__ == "__main__":

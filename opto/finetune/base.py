@@ -155,3 +155,20 @@ class TrainerAdapter(abc.ABC):
 def job_id_of(ref: TrainingJobRef | str) -> str:
     """The job id of a ref or of a bare id string."""
     return ref.job_id if isinstance(ref, TrainingJobRef) else str(ref)
+
+
+def error_detail(response: Any) -> str:
+    """The error text of an HTTP error reply (an `httpx.Response`): FastAPI's "detail", or
+    "error" or "message", else the start of the body."""
+    import json
+
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message"):
+            if body.get(key):
+                value = body[key]
+                return value if isinstance(value, str) else json.dumps(value)[:500]
+    return json.dumps(body)[:500]

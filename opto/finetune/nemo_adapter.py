@@ -35,7 +35,16 @@ from pydantic import BaseModel, Field
 
 from ..llm.redaction import redact, remember_secret
 from ..preference.schemas import validate_jsonl
-from .base import FineTuneError, FineTuneRefused, JobState, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
+from .base import (
+    FineTuneError,
+    FineTuneRefused,
+    JobState,
+    TrainerAdapter,
+    TrainingJobRef,
+    TrainingJobStatus,
+    error_detail,
+    job_id_of,
+)
 
 __all__ = ["NeMoCustomizerAdapter", "NeMoCustomizerState"]
 
@@ -273,7 +282,7 @@ class NeMoCustomizerAdapter(TrainerAdapter):
                                 f"(after {time.monotonic() - started:.1f} s); check the URL and that the "
                                 "service runs") from None
         if response.status_code >= 400:
-            detail = _detail_of(response)
+            detail = error_detail(response)
             message = f"NeMo refused to {what} ({response.status_code}): {redact(detail)}"
             if refusal and 400 <= response.status_code < 500:
                 raise FineTuneRefused(message)
@@ -283,17 +292,3 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         except ValueError:
             body = {}
         return body if isinstance(body, dict) else {"data": body}
-
-
-def _detail_of(response: httpx.Response) -> str:
-    """The error text of a NeMo (FastAPI) or Hugging Face style error body."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    if isinstance(body, dict):
-        for key in ("detail", "error", "message"):
-            if body.get(key):
-                value = body[key]
-                return value if isinstance(value, str) else json.dumps(value)[:500]
-    return json.dumps(body)[:500]

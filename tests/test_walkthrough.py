@@ -64,7 +64,7 @@ def test_the_readme_rl_walkthrough_runs_as_written_on_the_embedded_model(tmp_pat
 
     commands = rl_walkthrough_commands()
     assert [c[:2] for c in commands] == [["opto", "demo"], ["opto", "export"], ["opto", "collect"],
-                                         ["opto", "export"], ["opto", "finetune"]]
+                                         ["opto", "export"], ["opto", "finetune"], ["opto", "finetune"]]
     env = dict(os.environ)
     run(commands[0], tmp_path, env)
     exported = run(commands[1], tmp_path, env)
@@ -81,3 +81,10 @@ def test_the_readme_rl_walkthrough_runs_as_written_on_the_embedded_model(tmp_pat
         [training] = server.trainings
     assert "succeeded" in submitted and "plural-agent@1" in submitted
     assert len(training["trajectory_groups"]) == groups
+    from test_finetune_trl import build_tiny_model
+
+    texts = [m.get("content") or m.get("message", {}).get("content") or "" for r in records
+             for t in r["trajectories"] for m in t["messages_and_choices"]]
+    build_tiny_model(tmp_path / "my-model", texts)
+    trained = run(commands[5], tmp_path, env)
+    assert "succeeded 100%" in trained and (tmp_path / "grpo-jobs").is_dir()

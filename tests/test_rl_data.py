@@ -238,21 +238,25 @@ def test_cli_export_art_prints_the_group_counts(validated_run, tmp_path, capsys)
 # ------------------------------------------------------------------------------ logprobs
 
 
-async def test_logprobs_reach_the_completion_the_trace_the_cache_and_the_art_groups(tmp_path):
+@pytest.mark.parametrize("backend", ["openai", "litellm"])
+async def test_logprobs_reach_the_completion_the_trace_and_the_cache(tmp_path, backend):
     from opto import OpenAIModel, ResponseCache
-    from opto.llm import record_llm_calls
+    from opto.llm import LiteLLMModel, record_llm_calls
     from opto.testing import FakeOpenAIServer
 
     with FakeOpenAIServer(reply=lambda request: "four apples") as server:
-        model = OpenAIModel("gpt-4o-mini", base_url=server.base_url, api_key="test",
-                            cache=ResponseCache(tmp_path / "cache.sqlite"))
+        cache = ResponseCache(tmp_path / "cache.sqlite")
+        model = (OpenAIModel("gpt-4o-mini", base_url=server.base_url, api_key="test", cache=cache)
+                 if backend == "openai" else
+                 LiteLLMModel("gpt-4o-mini", custom_llm_provider="openai", api_base=server.base_url, api_key="test",
+                              cache=cache))
         try:
             with record_llm_calls() as trace:
                 fresh = await model.complete([{"role": "user", "content": "2+2 apples?"}], logprobs=True)
                 again = await model.complete([{"role": "user", "content": "2+2 apples?"}], logprobs=True)
                 plain = await model.complete([{"role": "user", "content": "2+2 apples?"}])
         finally:
-            model.close()
+            await model.aclose()
         sent = server.chat_requests
     assert [t["token"] for t in fresh.logprobs] == ["four ", "apples"] and fresh.logprobs[0]["logprob"] < 0
     assert again.cached and again.logprobs == fresh.logprobs  # from the cache, logprobs included

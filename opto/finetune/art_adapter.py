@@ -1,6 +1,6 @@
 """`ARTAdapter`: GRPO on trajectory groups through an OpenPipe ART training server.
 
-It speaks two remote protocols over plain HTTP (httpx; openpipe-art itself is not a
+It speaks two remote protocols over plain HTTP (httpx2, which the OpenAI SDK brings; openpipe-art itself is not a
 dependency: it pins `openai<3` and, in its newest releases, Python >= 3.12):
 
 - ``protocol="art-run"``: the routes of ART's ``art run`` server (0.5.17), the ones NeMo
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
+import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 
 from .._io import read_jsonl
 from ..llm.redaction import remember_secret

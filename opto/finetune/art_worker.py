@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 
 from .._io import read_jsonl
 from ..llm.redaction import redact, remember_secret

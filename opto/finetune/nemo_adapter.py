@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
+import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 from pydantic import BaseModel, Field
 
 from ..llm.redaction import redact, remember_secret

@@ -19,7 +19,6 @@ scored, made no model call, or break the episode-order rules (`episode_problem`)
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from collections import defaultdict
@@ -30,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..ledger import RunDir
-from ..llm.types import content_text
+from ..llm.types import ToolCall, content_text, tool_calls_of
 
 __all__ = ["GroupReading", "GroupStats", "Trajectory", "TrajectoryGroup", "episode_problem", "read_groups"]
 
@@ -245,14 +244,9 @@ def _message(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire_tool_call(call: Any) -> dict[str, Any]:
-    """A tool call in OpenAI's wire shape, from the trace's flat {id, name, arguments} or the wire shape."""
-    if isinstance(call, dict) and isinstance(call.get("function"), dict):
-        return {"id": call.get("id"), "type": "function", "function": dict(call["function"])}
-    call = call if isinstance(call, dict) else {}
-    arguments = call.get("arguments")
-    return {"id": call.get("id"), "type": "function",
-            "function": {"name": call.get("name"), "arguments": arguments if isinstance(arguments, str) else
-                         json.dumps(arguments or {})}}
+    """A tool call in OpenAI's wire shape, from the wire shape or the trace's flat {id, name, arguments}."""
+    found = tool_calls_of({"tool_calls": [call]}) or [ToolCall.model_validate(call)]
+    return found[0].to_message_part()
 
 
 def _role(message: dict[str, Any]) -> str:

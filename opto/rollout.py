@@ -20,7 +20,7 @@ from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .parameters import Parameter, assign, track_reads
 
-__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "values_digest"]
+__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "timeout_fields", "values_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,14 @@ async def run_rollout(
                     fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
             except TimeoutError:
                 logger.debug("rollout on %s timed out after %s s", example.id, timeout)
-                error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
-                fields = {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
+                fields = timeout_fields(timeout, min_score)
     return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads))
+
+
+def timeout_fields(timeout: float, min_score: float | None) -> dict[str, Any]:
+    """A rollout's score, feedback and error when it ran past `timeout` seconds."""
+    error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
+    return {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
 
 
 def values_digest(agent: Agent) -> str:

@@ -173,15 +173,15 @@ class Model(ABC):
         if self.budget is not None:
             prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
             prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
-            reservation = self.budget.reserve(prompt_estimate, self.price)
+            reservation = await self.budget.areserve(prompt_estimate, self.price)
         try:
             fresh = await self._generate(messages, **kwargs)
         except BaseException:
-            if reservation is not None:
+            if reservation is not None:  # not awaited: this may be a cancellation
                 self.budget.settle(reservation, None, self.price)  # type: ignore[union-attr]
             raise
         if reservation is not None:
-            self.budget.settle(reservation, fresh.usage, self.price)  # type: ignore[union-attr]
+            await self.budget.asettle(reservation, fresh.usage, self.price)  # type: ignore[union-attr]
         fresh.texts = [valid_unicode(text) for text in fresh.texts]
         cost = cost_of(fresh.usage, self.price)
         with self._usage_lock:
@@ -219,6 +219,18 @@ class Model(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (a Ray worker): no lock, and usage counted from zero
+        there (the worker reports it to the run). Subclasses drop their connections."""
+        state = dict(self.__dict__)
+        state.pop("_usage_lock", None)
+        state["_usage"] = UsageStats()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._usage_lock = threading.Lock()
 
 
 def _tool_options(tools: Any, tool_choice: Any) -> dict[str, Any]:

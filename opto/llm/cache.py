@@ -41,7 +41,16 @@ class ResponseCache:
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self._open(Path(path))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": str(self.path)}  # another process opens the same file (same machine or shared disk)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._open(Path(state["path"]))
+
+    def _open(self, path: Path) -> None:
+        self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)

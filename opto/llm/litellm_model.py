@@ -109,5 +109,16 @@ class LiteLLMModel(RemoteChatModel):
         base = self._options.get("api_base") or self._options.get("base_url")
         return f"LiteLLMModel({self.name!r}" + (f", api_base={base!r})" if base else ")")
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        # A key never travels: LiteLLM reads the provider's variable in the other process.
+        state["_options"] = {k: v for k, v in self._options.items() if k != "api_key"}
+        state.pop("_litellm", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._litellm = import_litellm()
+
     def _new_poster(self) -> _LiteLLMPoster:
         return _LiteLLMPoster(self._litellm, self._options, self.timeout)

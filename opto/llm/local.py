@@ -182,6 +182,16 @@ class LocalModel(Model):
         except ValueError as exc:  # e.g. the prompt does not fit n_ctx
             raise LLMError(f"{self.name}: {exc}") from exc
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_llama"] = None  # loaded again from model_path where unpickled
+        state.pop("_worker", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-llama")
+
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)  # close() waits for a running call: keep the loop free
 

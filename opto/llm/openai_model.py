@@ -8,6 +8,7 @@ from typing import Any
 import openai
 
 from ._chat_http import ChatPoster
+from .errors import LLMRequestError
 from .redaction import remember_secret
 from .remote import RemoteChatModel
 
@@ -75,7 +76,21 @@ class OpenAIModel(RemoteChatModel):
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"OpenAIModel({self.name!r}, base_url={self.base_url!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if state["_api_key"] != NO_KEY:  # a key never travels: the other process reads its own
+            state["_api_key"] = None
+        return state
+
     def _new_poster(self) -> ChatPoster:
+        if self._api_key is None:  # unpickled in another process (a Ray worker)
+            self._api_key = os.environ.get("OPENAI_API_KEY") or None
+            if self._api_key is None:
+                raise LLMRequestError(
+                    "OpenAIModel has no API key in this process: keys are never sent with a shipped agent, so "
+                    "each worker reads OPENAI_API_KEY from its own environment; set it there (the node's "
+                    "environment, or ray.init(runtime_env={'env_vars': {...}}))")
+            remember_secret(self._api_key)
         client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
                                     max_retries=0)
         return ChatPoster(client, self.timeout)

@@ -112,6 +112,19 @@ class RemoteChatModel(Model):
 
     _thread_label = "remote"  # names the private loop's thread
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for private in ("_loop", "_open", "_semaphore", "_finalizer"):  # rebuilt where unpickled
+            state.pop(private, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._loop = BackgroundLoop(f"opto-{self._thread_label}-{self.name}")
+        self._open = []
+        self._semaphore = None
+        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+
     @abc.abstractmethod
     def _new_poster(self) -> Poster:
         """The object that sends requests (made on the private loop, so its connections belong to it)."""

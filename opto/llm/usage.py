@@ -6,10 +6,12 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from pydantic import BaseModel
 
 from .errors import BudgetExceeded
+from .shared_limits import Link, current_hub
 from .types import TokenUsage
 
 __all__ = ["Budget", "Price", "UsageMeter", "UsageStats", "estimate_tokens", "meter_usage"]
@@ -69,6 +71,9 @@ class Budget:
     together; the reservation is replaced by the real usage when the reply arrives.
     Completion tokens are unknown in advance, so a token or cost limit can be passed by
     the completion of the last call allowed.
+
+    On a `RayExecutor` the budget is held by the run's coordinator while rollouts run,
+    so the driver and every worker count against the same figures.
     """
 
     def __init__(
@@ -87,9 +92,14 @@ class Budget:
         self.calls = 0
         self.tokens = 0
         self.cost_usd = 0.0
+        # Set while a coordinator counts for this budget (a run on several processes).
+        self._link: Link | None = None
+        self._key: str | None = None
 
     def reserve(self, prompt_tokens: int, price: Price | None) -> tuple[int, float]:
         """Count one call and its estimated prompt tokens, or raise if that goes over."""
+        if self._link is not None:
+            return _refused_or(self._link.call("reserve", self._key, prompt_tokens, price))
         cost = cost_of(TokenUsage(prompt_tokens=prompt_tokens), price)
         with self._lock:
             if self.max_calls is not None and self.calls + 1 > self.max_calls:
@@ -107,6 +117,9 @@ class Budget:
 
     def settle(self, reservation: tuple[int, float], usage: TokenUsage | None, price: Price | None) -> None:
         """Replace a reservation by what the call really used (None: the call was not paid)."""
+        if self._link is not None:
+            self._link.call("settle", self._key, tuple(reservation), usage, price)
+            return
         tokens, cost = reservation
         with self._lock:
             self.tokens -= tokens
@@ -117,13 +130,66 @@ class Budget:
                 self.tokens += usage.total_tokens
                 self.cost_usd += cost_of(usage, price)
 
+    async def areserve(self, prompt_tokens: int, price: Price | None) -> tuple[int, float]:
+        """`reserve` that awaits a shared budget's coordinator instead of blocking."""
+        if self._link is not None:
+            return _refused_or(await self._link.acall("reserve", self._key, prompt_tokens, price))
+        return self.reserve(prompt_tokens, price)
+
+    async def asettle(self, reservation: tuple[int, float], usage: TokenUsage | None, price: Price | None) -> None:
+        """`settle` that awaits a shared budget's coordinator instead of blocking."""
+        if self._link is not None:
+            await self._link.acall("settle", self._key, tuple(reservation), usage, price)
+        else:
+            self.settle(reservation, usage, price)
+
     def remaining(self) -> dict[str, float | None]:
+        if self._link is not None:
+            return self._link.call("remaining", self._key)
         with self._lock:
             return {
                 "calls": None if self.max_calls is None else self.max_calls - self.calls,
                 "tokens": None if self.max_tokens is None else self.max_tokens - self.tokens,
                 "cost_usd": None if self.max_cost_usd is None else self.max_cost_usd - self.cost_usd,
             }
+
+    # Sharing across processes (see opto.llm.shared_limits).
+
+    @property
+    def limits(self) -> dict[str, float | None]:
+        return {"max_calls": self.max_calls, "max_tokens": self.max_tokens, "max_cost_usd": self.max_cost_usd}
+
+    def spent(self) -> dict[str, float]:
+        """What was counted so far (calls, tokens, cost), as a dict."""
+        with self._lock:
+            return {"calls": self.calls, "tokens": self.tokens, "cost_usd": self.cost_usd}
+
+    def attach(self, link: Link, key: str) -> None:
+        """Hand the counting over to a coordinator (which must already hold this budget's state)."""
+        self._link, self._key = link, key
+
+    def detach(self, spent: Mapping[str, float]) -> None:
+        """Count here again, from what the coordinator counted."""
+        with self._lock:
+            self.calls, self.tokens, self.cost_usd = int(spent["calls"]), int(spent["tokens"]), float(spent["cost_usd"])
+        self._link = self._key = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._link is None and (hub := current_hub()) is not None:
+            hub.attach_budget(self)
+        state = {**self.limits, **self.spent(), "_link": self._link, "_key": self._key}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _refused_or(answer: Any) -> tuple[int, float]:
+    """A coordinator's answer to `reserve`: a reservation, or {"refused": why}."""
+    if isinstance(answer, dict):
+        raise BudgetExceeded(answer["refused"])
+    return tuple(answer)  # type: ignore[return-value]
 
 
 class UsageMeter:
@@ -147,6 +213,12 @@ class UsageMeter:
                 stats.prompt_tokens += usage.prompt_tokens
                 stats.completion_tokens += usage.completion_tokens
                 stats.cost_usd += cost
+
+    def add(self, by_model: Mapping[str, UsageStats]) -> None:
+        """Add usage counted by another meter."""
+        with self._lock:
+            for model, stats in by_model.items():
+                self.by_model[model] = self.by_model.get(model, UsageStats()) + stats
 
     @property
     def total(self) -> UsageStats:
@@ -172,3 +244,9 @@ def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:
     """Called by `Model` for each call: a paid one (usage) or a cache hit (None)."""
     for meter in _METERS.get():
         meter.charge(model, usage, cost)
+
+
+def add_to_meters(by_model: Mapping[str, UsageStats]) -> None:
+    """Count usage measured elsewhere (a worker process's calls) in this task's meters."""
+    for meter in _METERS.get():
+        meter.add(by_model)

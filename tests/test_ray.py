@@ -1,0 +1,180 @@
+"""`RayExecutor` on a real Ray instance (2 CPUs, started once for the module).
+
+The executor's logic is tested against the fake cluster (`test_executors.py`); these
+tests check what only Ray can show: the same ledger from real worker processes, a worker
+SIGKILLed mid-rollout, a hung sync agent, one rate limit and one budget across
+processes. The test modules travel by value (workers cannot import them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import openai
+import pytest
+
+import test_executors
+import world
+from opto import Agent, AsyncioExecutor, Budget, ExactMatchGuide, Example, OpenAIModel, Parameter
+from opto.llm.errors import BudgetExceeded
+from opto.llm.instrument import instrument
+from opto.llm.usage import meter_usage
+from opto.testing import FakeOpenAIServer
+from test_executors import counting_run, examples, ledger_of
+
+ray = pytest.importorskip("ray", reason="the `ray` extra is part of the test install")
+from opto.executors import RayExecutor  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+for module in (world, test_executors, sys.modules[__name__]):
+    cloudpickle.register_pickle_by_value(module)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024, log_to_driver=False)
+    yield
+    ray.shutdown()  # this instance only: never `ray stop`, which ends every Ray process on the machine
+
+
+def test_a_run_on_ray_writes_the_same_ledger_as_in_one_process(tmp_path):
+    expected = counting_run(tmp_path / "asyncio")
+    executor = RayExecutor()
+    got = counting_run(tmp_path / "ray", executor)
+    executor.close()
+    assert ledger_of(tmp_path / "ray") == ledger_of(tmp_path / "asyncio")
+    assert got["usage"] == expected["usage"]
+
+
+class KilledOnce(world.Counter):
+    """Kills its own worker process (SIGKILL) the first time it sees the victim example."""
+
+    marker = ""
+    victim = 3  # the example with this many apples
+
+    async def forward(self, question: str) -> str:
+        if question.count("apple") == self.victim and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await super().forward(question)
+
+
+def test_a_worker_sigkilled_mid_rollout_is_retried_with_one_ledger_record(tmp_path, caplog):
+    counting_run(tmp_path / "asyncio")
+    KilledOnce.marker = str(tmp_path / "killed")
+    KilledOnce.victim = random.randint(1, 8)  # any rollout: the ledger must not depend on which
+    executor = RayExecutor()
+    with caplog.at_level(logging.WARNING, logger="opto.executors"):
+        counting_run(tmp_path / "ray", executor, agent_class=KilledOnce)
+    executor.close()
+    assert Path(KilledOnce.marker).exists()
+    assert ledger_of(tmp_path / "ray") == ledger_of(tmp_path / "asyncio")
+    lost = [r.getMessage() for r in caplog.records if "lost its worker" in r.getMessage()]
+    assert len(lost) == 1 and f"on q{KilledOnce.victim}:" in lost[0] and "attempt 1/3" in lost[0]
+
+
+class Sleeper(Agent):
+    """A sync agent that never returns on "hang" (no timeout inside the worker can stop it)."""
+
+    def __init__(self) -> None:
+        self.p = Parameter("x")
+
+    def forward(self, x: Any) -> str:
+        if x == "hang":
+            time.sleep(600)
+        return "done"
+
+
+def test_a_hung_agent_is_force_cancelled_and_recorded_as_a_timeout():
+    executor = RayExecutor(timeout=1.0, grace=1.0)
+    data = [Example(x="hang", info="done", id="h"), Example(x="fine", info="done", id="f")]
+    started = time.monotonic()
+    got = asyncio.run(executor.run(Sleeper(), ExactMatchGuide(), data, min_score=0.0))
+    executor.close()
+    assert time.monotonic() - started < 30
+    assert got[0].failed and got[0].error.startswith("timeout") and got[0].score == 0.0
+    assert got[1].output == "done" and not got[1].failed
+
+
+class PidReporter(Agent):
+    def __init__(self, model: OpenAIModel) -> None:
+        self.model = model
+        self.p = Parameter("hello")
+
+    async def forward(self, x: Any) -> str:
+        reply = await self.model.complete([{"role": "user", "content": self.p.value}])
+        return f"{reply.text} {os.getpid()}"
+
+
+def test_one_rate_limit_holds_across_two_worker_processes():
+    rps = 4
+    with FakeOpenAIServer("ok", rate_limit_rps=rps) as server:
+        model = OpenAIModel("fake-model", base_url=server.base_url, requests_per_minute=60 * rps,
+                            rate_limit_patience=0, max_retries=0)
+        executor = RayExecutor(num_cpus=1)
+        got = asyncio.run(executor.run(PidReporter(model), ExactMatchGuide(), examples(16)))
+        executor.close()
+        model.close()
+        assert not [r.error for r in got if r.failed]
+        assert len({r.output.split()[1] for r in got}) == 2  # two worker processes sent them
+        assert server.rate_limited == 0 and len(server.chat_requests) == 16
+
+
+class InstrumentedCaller(Agent):
+    """Calls the OpenAI SDK through a client it makes (and instruments) on first use, in the worker."""
+
+    def __init__(self, base_url: str, budget: Budget) -> None:
+        self.base_url = base_url
+        self.budget = budget
+        self.client: Any = None
+        self.p = Parameter("hello")
+
+    def forward(self, x: Any) -> str:
+        if self.client is None:
+            self.client = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0)
+            instrument(self.client, budget=self.budget)
+        reply = self.client.chat.completions.create(model="fake-model",
+                                                    messages=[{"role": "user", "content": self.p.value}])
+        return reply.choices[0].message.content
+
+
+def test_instrumented_sdk_calls_on_workers_count_against_one_budget():
+    budget = Budget(max_calls=5)
+    with FakeOpenAIServer("ok") as server:
+        executor = RayExecutor(max_in_flight=1)
+        with meter_usage() as meter, pytest.raises(BudgetExceeded, match="5 calls"):
+            asyncio.run(executor.run(InstrumentedCaller(server.base_url, budget), ExactMatchGuide(), examples(9)))
+        executor.close()
+        assert budget.calls == 5 and len(server.chat_requests) == 5
+        assert meter.total.calls == 5
+
+
+def test_asyncio_and_ray_agree_on_a_plain_evaluation():
+    agent = world.LevelAgent(world.ScriptedModel(world.agent_reply, name="agent-model"), level=4)
+    data = examples(8)
+    expected = asyncio.run(AsyncioExecutor().run(agent, ExactMatchGuide(), data))
+    executor = RayExecutor(actors=2, actor_concurrency=4)
+    got = asyncio.run(executor.run(agent, ExactMatchGuide(), data))
+    executor.close()
+    assert [r.to_record() for r in got] == [r.to_record() for r in expected]
+
+
+def test_the_readme_cluster_example_runs_as_written(capsys):
+    section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("### Run on a cluster", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "0.0 1.0"

@@ -29,6 +29,7 @@ from .optimizers import DemoProposer, Optimizer, Proposal, Proposer
 from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
+from .stopping import MaxCalls, MaxCost, MaxTime, NoImprovement, StopCondition, StopFile, TargetScore
 from .tracking import MLflowCallback
 from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
 
@@ -61,6 +62,10 @@ __all__ = [
     "LedgerEvent",
     "LocalModel",
     "MLflowCallback",
+    "MaxCalls",
+    "MaxCost",
+    "MaxTime",
+    "NoImprovement",
     "Minibatch",
     "Model",
     "OpenAIModel",
@@ -77,6 +82,9 @@ __all__ = [
     "RunDir",
     "ScriptedModel",
     "StepRecord",
+    "StopCondition",
+    "StopFile",
+    "TargetScore",
     "TooManyFailures",
     "TrainResult",
     "acollect",

@@ -30,7 +30,8 @@ from opto.llm.errors import BudgetExceeded
 from opto.llm.instrument import instrument
 from opto.llm.usage import meter_usage
 from opto.testing import FakeOpenAIServer
-from test_executors import counting_run, examples, ledger_of
+from test_executors import counting_run, examples
+from world import ledger_of
 
 ray = pytest.importorskip("ray", reason="the `ray` extra is part of the test install")
 from opto.executors import RayExecutor  # noqa: E402

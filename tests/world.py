@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from opto.ledger import RunDir
 from opto import Agent, AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, Parameter, ScriptedModel
 
 # ------------------------------------------------------------------------------ level world
@@ -146,3 +147,14 @@ def make_run(run_dir: Path, *, examples: int = 8, score_proposals: str = "instan
     )
     result = trainer.train(ExactMatchGuide(), data, batch_size=2, run_dir=run_dir, progress=False, shuffle=False)
     return result.model_dump()
+
+
+# ----------------------------------------------------------------------------- comparing runs
+
+
+def ledger_of(run_dir: Path) -> list[tuple[Any, ...]]:
+    """The ledger without ids and times (which differ between any two runs)."""
+    return [(r["step"], r["type"], r.get("instance_id"), r.get("phase"), r.get("output"), r.get("score"),
+             r.get("error"), r.get("accepted"), json.dumps(r.get("update"), sort_keys=True),
+             json.dumps(r.get("trace"), sort_keys=True))
+            for r in RunDir(run_dir).ledger()]

@@ -26,7 +26,7 @@ from ..guides import Guide
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import current_sampling
 from ..llm.shared_limits import Link
-from ..llm.usage import UsageStats, add_to_meters
+from ..llm.usage import UsageStats, add_to_meters, run_budgets
 from ..parameters import Parameter
 from ..rollout import Rollout, timeout_fields
 from .coordinator import CoordinatorHub
@@ -129,7 +129,7 @@ class RemoteExecutor:
         hub = self.hub
         hub.hold()
         try:
-            shipment = ship(agent, guide, hub)  # raises ShippingError before any task starts
+            shipment = ship(agent, guide, hub, run_budgets())  # raises ShippingError before any task starts
             stored = self.backend.put(shipment)
             template = RolloutTask(digest=shipment.digest, example=examples[0], values=values_by_name(values),
                                    min_score=min_score, timeout=timeout, sampling=current_sampling())

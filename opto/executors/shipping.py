@@ -29,7 +29,7 @@ class ShippingError(OptoError, TypeError):
 
 
 class Shipment:
-    """A pickled (agent, guide) and its digest, which workers use to load it only once."""
+    """A pickled (agent, guide, run budgets) and its digest, which workers use to load it only once."""
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
@@ -44,8 +44,9 @@ def _cloudpickle() -> Any:
     return cloudpickle
 
 
-def ship(agent: Agent, guide: Guide, hub: LimitsHub | None = None) -> Shipment:
-    """Pickle agent and guide; budgets and rate limiters inside are attached to `hub`.
+def ship(agent: Agent, guide: Guide, hub: LimitsHub | None = None, budgets: tuple[Any, ...] = ()) -> Shipment:
+    """Pickle agent, guide and the run's budgets (`budget_scope`); budgets and rate
+    limiters inside are attached to `hub`.
 
     Raises `ShippingError` naming the attribute that does not pickle (e.g.
     `agent.client._lock`), before anything is sent.
@@ -53,9 +54,9 @@ def ship(agent: Agent, guide: Guide, hub: LimitsHub | None = None) -> Shipment:
     cloudpickle = _cloudpickle()
     try:
         if hub is None:
-            return Shipment(cloudpickle.dumps((agent, guide)))
+            return Shipment(cloudpickle.dumps((agent, guide, budgets)))
         with shipping_to(hub):
-            return Shipment(cloudpickle.dumps((agent, guide)))
+            return Shipment(cloudpickle.dumps((agent, guide, budgets)))
     except Exception as exc:
         for root, name in ((agent, "agent"), (guide, "guide")):
             path, found, problem = find_unpicklable(root, name, cloudpickle)

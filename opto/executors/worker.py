@@ -20,12 +20,12 @@ from typing import Any
 from ..data import Example
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import Sampling, sampling
-from ..llm.usage import meter_usage
+from ..llm.usage import budget_scope, meter_usage
 from ..rollout import run_rollout
 
 __all__ = ["RolloutTask", "aexecute", "execute", "unload_all"]
 
-_LOADED: OrderedDict[str, tuple[Any, Any]] = OrderedDict()  # digest -> (agent, guide), newest last
+_LOADED: OrderedDict[str, tuple[Any, Any, Any]] = OrderedDict()  # digest -> (agent, guide, budgets), newest last
 _KEEP_LOADED = 4
 _LOADED_LOCK = threading.Lock()
 
@@ -42,8 +42,8 @@ class RolloutTask:
     sampling: Sampling | None = None
 
 
-def _load(digest: str, blob: Any) -> tuple[Any, Any]:
-    """The agent and guide of a shipment, unpickled once per process and kept for the next tasks."""
+def _load(digest: str, blob: Any) -> tuple[Any, Any, Any]:
+    """The agent, guide and run budgets of a shipment, unpickled once per process and kept for the next tasks."""
     with _LOADED_LOCK:
         if digest in _LOADED:
             _LOADED.move_to_end(digest)
@@ -87,7 +87,7 @@ _HANDLER = _Collect(logging.WARNING)
 async def aexecute(blob: Any, task: RolloutTask) -> dict[str, Any]:
     """Run one task; `blob` is the pickled (agent, guide) or a function returning it
     (called only when this process has not loaded that shipment yet)."""
-    agent, guide = _load(task.digest, blob)
+    agent, guide, budgets = _load(task.digest, blob)
     root = logging.getLogger()
     if _HANDLER not in root.handlers:
         root.addHandler(_HANDLER)
@@ -95,7 +95,7 @@ async def aexecute(blob: Any, task: RolloutTask) -> dict[str, Any]:
     token = _RECORDS.set(records)
     result: dict[str, Any] = {"pid": os.getpid()}
     try:
-        with meter_usage() as meter:
+        with meter_usage() as meter, budget_scope(*budgets):
             try:
                 if task.sampling is not None:
                     with sampling(temperature=task.sampling.temperature, seed=task.sampling.seed):

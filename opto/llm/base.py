@@ -14,7 +14,18 @@ from .prices import known_price
 from .sampling import current_sampling
 from .tracing import record_call
 from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, validate_messages
-from .usage import Budget, Price, UsageStats, charge_meters, cost_of, estimate_tokens, normalize_prices
+from .usage import (
+    Budget,
+    Price,
+    UsageStats,
+    areserve_all,
+    budgets_for,
+    charge_meters,
+    cost_of,
+    estimate_tokens,
+    normalize_prices,
+    settle_all,
+)
 
 __all__ = ["Model"]
 
@@ -169,19 +180,19 @@ class Model(ABC):
         return completion
 
     async def _paid_generate(self, messages: list[Message], **kwargs: Any) -> Completion:
-        reservation = None
-        if self.budget is not None:
+        budgets = budgets_for(self.budget)  # the model's own and the run's (train(budget=...))
+        reservations: list[tuple[int, float]] = []
+        if budgets:
             prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
             prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
-            reservation = await self.budget.areserve(prompt_estimate, self.price)
+            reservations = await areserve_all(budgets, prompt_estimate, self.price)
         try:
             fresh = await self._generate(messages, **kwargs)
         except BaseException:
-            if reservation is not None:  # not awaited: this may be a cancellation
-                self.budget.settle(reservation, None, self.price)  # type: ignore[union-attr]
+            settle_all(budgets, reservations, None, self.price)  # not awaited: this may be a cancellation
             raise
-        if reservation is not None:
-            await self.budget.asettle(reservation, fresh.usage, self.price)  # type: ignore[union-attr]
+        for budget, reservation in zip(budgets, reservations):
+            await budget.asettle(reservation, fresh.usage, self.price)
         fresh.texts = [valid_unicode(text) for text in fresh.texts]
         cost = cost_of(fresh.usage, self.price)
         with self._usage_lock:

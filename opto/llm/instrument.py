@@ -20,7 +20,17 @@ from typing import Any
 from .prices import known_price
 from .tracing import record_call
 from .types import Completion, TokenUsage, content_text, tool_calls_of, validate_messages
-from .usage import Budget, Price, charge_meters, cost_of, estimate_tokens, normalize_prices
+from .usage import (
+    Budget,
+    Price,
+    budgets_for,
+    charge_meters,
+    cost_of,
+    estimate_tokens,
+    normalize_prices,
+    reserve_all,
+    settle_all,
+)
 
 __all__ = ["Instrumented", "instrument", "instrument_litellm", "uninstrument", "uninstrument_litellm"]
 
@@ -93,17 +103,17 @@ def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | M
     def price_of(model: str) -> Price | None:
         return table.get(model) or known_price(model)
 
-    def before(kwargs: dict[str, Any]) -> tuple[int, float] | None:
-        if budget is None:
-            return None
+    def before(kwargs: dict[str, Any]) -> tuple[list[Budget], list[tuple[int, float]]]:
+        budgets = budgets_for(budget)  # the client's own and the run's (train(budget=...))
+        if not budgets:
+            return budgets, []
         prompt = sum(estimate_tokens(content_text(_plain(m).get("content"))) for m in kwargs.get("messages") or [])
-        return budget.reserve(prompt, price_of(str(kwargs.get("model", ""))))
+        return budgets, reserve_all(budgets, prompt, price_of(str(kwargs.get("model", ""))))
 
-    def after(kwargs: dict[str, Any], response: Any, reservation: tuple[int, float] | None) -> None:
+    def after(kwargs: dict[str, Any], response: Any, reservation: tuple[list[Budget], list[tuple[int, float]]]) -> None:
         model = str(getattr(response, "model", None) or kwargs.get("model", ""))
         usage = _usage_of(response)
-        if budget is not None and reservation is not None:
-            budget.settle(reservation, usage, price_of(model))
+        settle_all(*reservation, usage, price_of(model))
         charge_meters(model, usage, cost_of(usage, price_of(model)))
         choices = getattr(response, "choices", None) or []
         texts = [getattr(c.message, "content", None) or "" for c in choices]
@@ -115,9 +125,8 @@ def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | M
                                      or [{"role": "user", "content": ""}])
         record_call(model, messages, completion, tools=kwargs.get("tools"))
 
-    def failed(reservation: tuple[int, float] | None, model: str) -> None:
-        if budget is not None and reservation is not None:
-            budget.settle(reservation, None, price_of(model))
+    def failed(reservation: tuple[list[Budget], list[tuple[int, float]]], model: str) -> None:
+        settle_all(*reservation, None, price_of(model))
 
     @functools.wraps(original)
     def create(*args: Any, **kwargs: Any) -> Any:

@@ -240,6 +240,66 @@ def meter_usage() -> Iterator[UsageMeter]:
         _METERS.reset(token)
 
 
+_RUN_BUDGETS: contextvars.ContextVar[tuple[Budget, ...]] = contextvars.ContextVar("opto_run_budgets", default=())
+
+
+@contextlib.contextmanager
+def budget_scope(*budgets: Budget) -> Iterator[None]:
+    """Charge every model call made inside the block (tasks and threads started inside
+    too) to `budgets` as well as to the model's own (`train(budget=...)` uses this)."""
+    token = _RUN_BUDGETS.set((*_RUN_BUDGETS.get(), *budgets))
+    try:
+        yield
+    finally:
+        _RUN_BUDGETS.reset(token)
+
+
+def run_budgets() -> tuple[Budget, ...]:
+    """The budgets of the enclosing `budget_scope` blocks."""
+    return _RUN_BUDGETS.get()
+
+
+def budgets_for(own: Budget | None) -> list[Budget]:
+    """The budgets a call must fit: the model's own and those of the enclosing scopes (each once)."""
+    found: list[Budget] = [] if own is None else [own]
+    for budget in _RUN_BUDGETS.get():
+        if all(budget is not other for other in found):
+            found.append(budget)
+    return found
+
+
+def reserve_all(budgets: list[Budget], prompt_tokens: int, price: Price | None) -> list[tuple[int, float]]:
+    """Reserve on every budget, or on none: a refusal releases what was reserved before it."""
+    reservations: list[tuple[int, float]] = []
+    try:
+        for budget in budgets:
+            reservations.append(budget.reserve(prompt_tokens, price))
+    except BaseException:
+        for budget, reservation in zip(budgets, reservations):
+            budget.settle(reservation, None, price)
+        raise
+    return reservations
+
+
+async def areserve_all(budgets: list[Budget], prompt_tokens: int, price: Price | None) -> list[tuple[int, float]]:
+    """`reserve_all` that awaits shared budgets' coordinators."""
+    reservations: list[tuple[int, float]] = []
+    try:
+        for budget in budgets:
+            reservations.append(await budget.areserve(prompt_tokens, price))
+    except BaseException:
+        for budget, reservation in zip(budgets, reservations):
+            budget.settle(reservation, None, price)
+        raise
+    return reservations
+
+
+def settle_all(budgets: list[Budget], reservations: list[tuple[int, float]], usage: TokenUsage | None,
+               price: Price | None) -> None:
+    for budget, reservation in zip(budgets, reservations):
+        budget.settle(reservation, usage, price)
+
+
 def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:
     """Called by `Model` for each call: a paid one (usage) or a cache hit (None)."""
     for meter in _METERS.get():

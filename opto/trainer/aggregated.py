@@ -34,6 +34,7 @@ from ..events import (
 from ..guides import Guide
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
+from ..llm.usage import Budget
 from ..optimizers import Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
 from .failures import check_failures
@@ -258,6 +259,25 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                       **rollout.to_record()))
             ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
         return decisions
+
+    # The budget check before the first step ------------------------------------------
+
+    def calls_per_step(self, batch_size: int) -> dict[str, int]:
+        llm_proposers = [p for p in self.proposers if isinstance(p, Optimizer)]
+        candidates = self.aggregator.num_candidates if llm_proposers else 1
+        return {"rollouts": batch_size, "proposals": batch_size * len(llm_proposers),
+                "aggregation": 1 if llm_proposers else 0,
+                "validation": self.validation.rollouts_per_step(batch_size, candidates)}
+
+    def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
+        users = super().budget_users()
+        for proposer in self.proposers:
+            if isinstance(proposer, Optimizer) and proposer.model.budget is not None:
+                users.append((f"{proposer.name}'s model {proposer.model.name!r}", proposer.model.budget, {"proposals"}))
+        model = self.aggregator.model
+        if model is not None and model.budget is not None:
+            users.append((f"the aggregator's model {model.name!r}", model.budget, {"aggregation"}))
+        return users
 
     # Pareto selection ------------------------------------------------------------------
 

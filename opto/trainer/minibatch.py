@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,9 @@ from ..events import LedgerEvent, StepRecord
 from ..ledger import Checkpoint, RunDir, RunDirWriter
 from ..llm.errors import BudgetExceeded
 from ..rollout import AsyncioExecutor, RolloutExecutor
-from ..llm.usage import UsageStats, meter_usage
+from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
+from ..llm.base import Model
+from ..stopping import RunProgress, StopCondition
 from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 
@@ -148,6 +153,38 @@ class Minibatch:
         """Called once the last step is done; True if it changed the stored values."""
         return False
 
+    def calls_per_step(self, batch_size: int) -> dict[str, int]:
+        """The fewest model calls one step makes, by what makes them (one call per
+        rollout assumed), for the budget check. Keys of agent runs: "rollouts", "validation"."""
+        return {"rollouts": batch_size}
+
+    def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
+        """(whose, budget, which parts of a step it pays for) for each model budget of the run."""
+        agent_parts = {"the initial test evaluation", "rollouts", "validation"}
+        return [(f"the agent's model {model.name!r}", model.budget, agent_parts)
+                for model in models_in(self.agent) if model.budget is not None]
+
+    def check_budgets(self, budget: Budget | None, batch_size: int, test: list[Example] | None) -> None:
+        """Refuse, before any call, a budget whose calls left cannot pay for one step."""
+        need = self.calls_per_step(batch_size)
+        if test:
+            need = {"the initial test evaluation": len(test), **need}
+        users: dict[int, tuple[list[str], Budget, set[str]]] = {}
+        run_budget = [("train(budget=...)", budget, set(need))] if budget is not None else []
+        for whose, found, parts in [*run_budget, *self.budget_users()]:
+            names, _, paid = users.setdefault(id(found), ([], found, set()))
+            names.append(whose)
+            paid.update(parts)
+        for names, found, paid in users.values():
+            left = found.remaining()["calls"]
+            parts = {what: n for what, n in need.items() if what in paid and n}
+            if left is not None and left < sum(parts.values()):
+                listed = ", ".join(f"{n} for {what}" for what, n in parts.items())
+                raise ValueError(
+                    f"the budget of {' and '.join(names)} has {left} calls left, and one step needs at least "
+                    f"{sum(parts.values())} of them ({listed}; one model call per rollout assumed): raise its "
+                    "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)")
+
     def train(self, guide: Guide, train_dataset: Any, **kwargs: Any) -> TrainResult:
         """Synchronous `atrain`; also works inside a running event loop (Jupyter)."""
         return run_sync(self.atrain(guide, train_dataset, **kwargs))
@@ -173,6 +210,8 @@ class Minibatch:
         max_failures: int | float | None = DEFAULT_MAX_FAILURES,
         rollout_timeout: float | None = None,
         callbacks: list[Callback] | None = None,
+        stop: StopCondition | None = None,
+        budget: Budget | None = None,
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
@@ -192,6 +231,18 @@ class Minibatch:
 
         `callbacks` (`opto.Callback`) observe the run: every ledger event, every step's
         `StepRecord`, every evaluation, and the result; one that raises is detached.
+
+        `stop` (`opto.stopping`: `MaxCalls`, `MaxCost`, `MaxTime`, `NoImprovement`,
+        `TargetScore`, `StopFile`, combined with `|` and `&`) is checked before each step;
+        the first that holds ends the search, the run then ends as a finished one does
+        (final values, final evaluation) and `stopped_reason` names it. SIGTERM stops the
+        run as Ctrl-C does, after saving, and returns with `stopped_reason` "SIGTERM".
+
+        `budget` (`opto.Budget`) counts every model call of the run (agent, proposers,
+        aggregator, validation, evaluation, on workers too) on top of each model's own
+        budget. Before the first step, a budget (the run's or a model's) whose calls left
+        cannot pay for one step (and the initial evaluation) is refused with the figure
+        needed: at least one model call per rollout is assumed.
         """
         if not hasattr(guide, "aget_feedback"):
             raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
@@ -245,10 +296,13 @@ class Minibatch:
             state.usage = _merge_usage(prior_usage, meter.by_model)
             self._save(run, state, started)
 
+        self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
         stopped: str | None = None
         unfinished: StepContext | None = None
         # With bars on screen, log lines (warnings, the per-step line) are written above them.
-        with meter_usage() as meter, (logging_redirect_tqdm() if progress else contextlib.nullcontext()):
+        with meter_usage() as meter, (logging_redirect_tqdm() if progress else contextlib.nullcontext()), \
+                (budget_scope(budget) if budget is not None else contextlib.nullcontext()), \
+                stop_on_sigterm() as terminated:
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
                     state.test_scores.append((0, await evaluate_now(context(0, 0))))
@@ -257,6 +311,12 @@ class Minibatch:
                 elif state.pending_metrics is not None:  # resumed inside the evaluation after a step
                     await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
+                    if stop is not None:
+                        state.usage = _merge_usage(prior_usage, meter.by_model)
+                        stopped = stop.check(_progress(state, started))
+                        if stopped is not None:
+                            logger.info("training stops before step %d: %s", state.step + 1, stopped)
+                            break
                     ctx = unfinished = context(state.step + 1, epoch)
                     record = await self.step(batch, ctx)
                     unfinished = None
@@ -296,6 +356,12 @@ class Minibatch:
             except TooManyFailures as exc:
                 stopped = f"too many failures: {exc}"
                 logger.error("training stopped after step %d: %s", state.step, stopped)
+            except asyncio.CancelledError:
+                if not terminated:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                stopped = "SIGTERM"
+                logger.warning("training stopped by SIGTERM after step %d (saved; resume=True continues)", state.step)
             finally:
                 bar.close()
                 state.usage = _merge_usage(prior_usage, meter.by_model)
@@ -404,6 +470,58 @@ class Minibatch:
             run_dir=str(run.path) if run else None,
             seconds=round(time.monotonic() - started, 3),
         )
+
+
+def models_in(root: Any, depth: int = 6) -> list[Model]:
+    """The opto `Model`s reachable from `root`'s attributes, lists and dicts (each once)."""
+    found: dict[int, Model] = {}
+    seen: set[int] = set()
+
+    def walk(value: Any, left: int) -> None:
+        if id(value) in seen or left < 0:
+            return
+        seen.add(id(value))
+        if isinstance(value, Model):
+            found[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            for child in value:
+                walk(child, left - 1)
+        elif isinstance(value, dict):
+            for child in value.values():
+                walk(child, left - 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            for child in vars(value).values():
+                walk(child, left - 1)
+
+    walk(root, depth)
+    return list(found.values())
+
+
+def _progress(state: Checkpoint, started: float) -> RunProgress:
+    total = sum(state.usage.values(), UsageStats())
+    best = state.best or {}
+    return RunProgress(step=state.step, calls=total.calls, cost_usd=total.cost_usd,
+                       seconds=time.monotonic() - started, best_score=best.get("score"), best_step=best.get("step", 0))
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[list[bool]]:
+    """While training in the main thread, SIGTERM cancels the run's task (which saves and
+    returns); a handler the program set itself is left alone. Yields whether it came."""
+    came: list[bool] = []
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        if task is None or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            raise RuntimeError("not ours to handle")
+        loop.add_signal_handler(signal.SIGTERM, lambda: (came.append(True), task.cancel()))
+    except (RuntimeError, ValueError, NotImplementedError):  # another thread, another handler, Windows
+        yield came
+        return
+    try:
+        yield came
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecord | None) -> None:

@@ -54,6 +54,10 @@ class Validation:
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         raise NotImplementedError
 
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        """The fewest agent runs this policy makes in one step (for the budget check)."""
+        return 0
+
     @staticmethod
     def compare(candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
                 ) -> Decision:
@@ -96,6 +100,9 @@ class MinibatchValidation(Validation):
 
     name = "minibatch"
 
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates
+
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         rollouts = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
                                           timeout=ctx.rollout_timeout)
@@ -114,6 +121,9 @@ class DatasetValidation(Validation):
     def __init__(self, dataset: Any) -> None:
         self.examples: list[Example] = load_dataset(dataset)
         self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return len(self.examples) * (candidates + 1)  # the current values' too, the first time
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         params = ctx.agent.parameters()

@@ -31,7 +31,16 @@ from .prompting import PromptTemplate
 from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
 from .stopping import MaxCalls, MaxCost, MaxTime, NoImprovement, StopCondition, StopFile, TargetScore
 from .tracking import MLflowCallback
-from .trainer import AggregatedUpdate, EvalResult, Minibatch, TooManyFailures, TrainResult, aevaluate, evaluate
+from .trainer import (
+    AggregatedUpdate,
+    EvalResult,
+    Minibatch,
+    MinibatchFirst,
+    TooManyFailures,
+    TrainResult,
+    aevaluate,
+    evaluate,
+)
 
 __version__ = "0.1.0"
 
@@ -67,6 +76,7 @@ __all__ = [
     "MaxTime",
     "NoImprovement",
     "Minibatch",
+    "MinibatchFirst",
     "Model",
     "OpenAIModel",
     "OptoError",

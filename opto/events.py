@@ -58,7 +58,8 @@ class _Event(BaseModel):
 
 class RolloutEvent(_Event, RolloutFields):
     """One run of agent and guide: `phase` "train" (current values), "validation" (a
-    candidate's, `candidate_id`), "proposal_validation" (a proposal's, `proposal_id`) or
+    candidate's, `candidate_id`), "screening" (a candidate's on the step's batch, before
+    `MinibatchFirst` validates it), "proposal_validation" (a proposal's, `proposal_id`) or
     "collect" (sample `sample` of `opto.collect`)."""
 
     type: Literal["rollout"] = "rollout"
@@ -129,6 +130,8 @@ class DecisionEvent(_Event):
     candidate_score: float | None = None
     reason: str = ""
     validation: str | None = None
+    stage: str | None = None  # MinibatchFirst: "minibatch" (rejected on the batch) or "dataset"
+    rollouts_saved: int = 0  # validation rollouts a rejection on the batch did not need
 
 
 class AppliedEvent(_Event):

@@ -34,6 +34,9 @@ class ReportSummary(BaseModel):
     plotted_points: dict[str, int] = Field(default_factory=dict)
     title: str = ""
     legend: list[str] = Field(default_factory=list)
+    # MinibatchFirst: candidates rejected on their batch, and the validation rollouts saved.
+    screened_out: int = 0
+    rollouts_saved: int = 0
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
@@ -61,10 +64,18 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger()))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
+    screened = _screening(decisions)
     return ReportSummary(png=str(png), markdown=str(markdown), steps=len(steps), accepted=accepted, rejected=rejected,
                          first_test_score=tests[0][1] if tests else None,
                          last_test_score=tests[-1][1] if tests else None, plotted_points=points, title=title,
-                         legend=legend)
+                         legend=legend, screened_out=screened[1], rollouts_saved=screened[2])
+
+
+def _screening(decisions: dict[int, list[dict[str, Any]]]) -> tuple[int, int, int]:
+    """MinibatchFirst's figures: (candidates screened, rejected on their batch, validation rollouts saved)."""
+    staged = [d for found in decisions.values() for d in found if d.get("stage")]
+    out = [d for d in staged if d.get("stage") == "minibatch"]
+    return len(staged), len(out), sum(int(d.get("rollouts_saved") or 0) for d in out)
 
 
 def _checkpoint(run: RunDir) -> dict[str, Any]:
@@ -137,6 +148,10 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
     lines += [f"{len(steps)} steps, {state}.", ""]
     if tests:
         lines += ["Test scores: " + ", ".join(f"step {s}: {v:.3f}" for s, v in tests), ""]
+    screened, out, saved = _screening(decisions)
+    if screened:
+        lines += [f"Minibatch-first: {out} of {screened} candidates lost on their batch and were not validated on "
+                  f"the dataset, saving {saved} validation rollouts.", ""]
     lines += ["| step | score | decision | reason | candidate score | calls | tokens | cost (USD) |",
               "|---:|---:|---|---|---:|---:|---:|---:|"]
     previous: dict[str, Any] = {"calls": 0, "tokens": 0, "cost_usd": 0.0}

@@ -4,7 +4,7 @@ from .aggregated import AggregatedUpdate, InstanceOutput
 from .evaluation import EvalResult, aevaluate, evaluate
 from .failures import TooManyFailures
 from .minibatch import Minibatch, StepContext, StepOutcome, TrainResult
-from .validation import DatasetValidation, Decision, MinibatchValidation, NoValidation, Validation
+from .validation import DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, NoValidation, Validation
 
 __all__ = [
     "AggregatedUpdate",
@@ -13,6 +13,7 @@ __all__ = [
     "EvalResult",
     "InstanceOutput",
     "Minibatch",
+    "MinibatchFirst",
     "MinibatchValidation",
     "NoValidation",
     "StepContext",

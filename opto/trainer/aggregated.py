@@ -37,6 +37,7 @@ from ..llm.errors import BudgetExceeded, LLMError
 from ..llm.usage import Budget
 from ..optimizers import Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
+from ..search.candidates import CandidateSource, make_candidate_source
 from .failures import check_failures
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
@@ -67,6 +68,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         improvement_threshold: a candidate must beat the current mean by more than this.
         score_proposals: None, or "instance" / "minibatch": also score each proposal's update
             on its own (see `opto.trainer.proposal_scoring`), for preference data.
+        candidates: where a step's candidates come from: "merged" (the aggregator's merge
+            of all proposals), "each" (every distinct proposal on its own, no aggregator
+            call), "both", or an `opto.search.CandidateSource`. All are validated at once.
         selection: "greedy" (one incumbent: each step starts from the current values) or
             "pareto" (a pool of every validated candidate; each step starts from a member
             of its Pareto front, and the run ends with the best mean; see
@@ -87,6 +91,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         improvement_threshold: float = 0.0,
         score_proposals: str | None = None,
         selection: str = "greedy",
+        candidates: str | CandidateSource = "merged",
     ) -> None:
         super().__init__(agent, concurrency=concurrency, executor=executor)
         self.proposers: list[Proposer] = _check_proposers(optimizer)
@@ -94,6 +99,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if llm is None:
             llm = next((p.model for p in self.proposers if isinstance(p, Optimizer)), None)
         self.aggregator = aggregator or Aggregator(llm, max_tokens=max_tokens)
+        self.candidate_source = make_candidate_source(candidates, self.aggregator)
         self.validation = make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
@@ -228,7 +234,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     async def _candidates(self, proposals: list[Proposal], ctx: StepContext) -> list[Candidate]:
         try:
-            candidates = await self.aggregator.aggregate(self.agent.parameters(), proposals, ctx.stepsize)
+            candidates = await self.candidate_source.candidates(self.agent.parameters(), proposals, ctx.stepsize)
         except BudgetExceeded:
             raise
         except LLMError as exc:
@@ -254,6 +260,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                      for c in candidates)
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
+            for rollout in decision.screening_rollouts:
+                ctx.emit(RolloutEvent(step=ctx.step, phase="screening", candidate_id=candidate.candidate_id,
+                                      **rollout.to_record()))
             for rollout in decision.rollouts:
                 ctx.emit(RolloutEvent(step=ctx.step, phase="validation", candidate_id=candidate.candidate_id,
                                       **rollout.to_record()))
@@ -264,9 +273,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
         llm_proposers = [p for p in self.proposers if isinstance(p, Optimizer)]
-        candidates = self.aggregator.num_candidates if llm_proposers else 1
+        candidates = self.candidate_source.min_candidates if llm_proposers else 1
         return {"rollouts": batch_size, "proposals": batch_size * len(llm_proposers),
-                "aggregation": 1 if llm_proposers else 0,
+                "aggregation": self.candidate_source.min_calls if llm_proposers else 0,
                 "validation": self.validation.rollouts_per_step(batch_size, candidates)}
 
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
@@ -295,11 +304,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=weights, mean=parent.mean))
 
     def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
+        validated = [d for d in decisions if d.rollouts]  # MinibatchFirst: those that reached the dataset
+        if not validated:
+            return
         current = self.agent.stored_values(trainable_only=True)
         parent = self.pool.find(current)
         if parent is None:  # the first validation: the starting values join the pool
             parent = self.pool.add(START_ID if not self.pool else f"step{ctx.step}-start", current,
-                                   decisions[0].current_rollouts, step=ctx.step - 1, parent_id=None)
+                                   validated[0].current_rollouts, step=ctx.step - 1, parent_id=None)
             ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
             if decision.rollouts:

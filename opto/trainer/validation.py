@@ -14,7 +14,7 @@ from ..data import Example, load_dataset
 from ..guides import Guide
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 
-__all__ = ["Decision", "DatasetValidation", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
+__all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
 
 
 class Decision(BaseModel):
@@ -27,8 +27,15 @@ class Decision(BaseModel):
     current_score: float | None = None
     candidate_score: float | None = None
     reason: str = ""
+    # MinibatchFirst: "minibatch" when the batch alone decided (a rejection), "dataset" when
+    # the candidate went on to the validation set; `rollouts_saved` counts the validation
+    # rollouts a rejection on the batch did not need.
+    stage: str | None = None
+    rollouts_saved: int = 0
     rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
     current_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # The candidate's rollouts on the step's batch when it was screened there first.
+    screening_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
 
 
 class ValidationContext(BaseModel):
@@ -135,6 +142,36 @@ class DatasetValidation(Validation):
         rollouts = await ctx.executor.run(ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score,
                                           timeout=ctx.rollout_timeout)
         return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
+
+
+class MinibatchFirst(DatasetValidation):
+    """Screen a candidate on the step's batch first; validate on the dataset only one that
+    beats the current values there.
+
+    Most candidates lose on the batch they were proposed for, and each such loss saves a
+    whole validation run (GEPA's acceptance). The batch comparison is the minibatch rule
+    (a strict win by more than `improvement_threshold`); the dataset decides the rest.
+    Works with `selection="pareto"`: only candidates that reach the dataset join the pool.
+    """
+
+    name = "minibatch_first"
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates  # a candidate that loses on the batch costs no more
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        screened = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
+                                          timeout=ctx.rollout_timeout)
+        first = self.compare(candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold)
+        if not first.accepted:
+            return first.model_copy(update={
+                "stage": "minibatch", "rollouts_saved": len(self.examples), "rollouts": [],
+                "screening_rollouts": screened,
+                "reason": f"on the batch: {first.reason}; not validated on the dataset",
+            })
+        full = await super().decide(ctx, candidate_id, update)
+        return full.model_copy(update={"stage": "dataset", "screening_rollouts": screened,
+                                       "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}"})
 
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:

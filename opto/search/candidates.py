@@ -1,0 +1,101 @@
+"""Where a step's candidates come from: the aggregator's merge, each proposal, or both.
+
+A `CandidateSource` turns the step's proposals into candidate updates, each validated on
+its own. `MergedCandidates` is opto's aggregation (one LLM merge, `num_candidates`
+samples); `EachProposal` makes every distinct proposal a candidate of its own, with no
+model call, as GEPA does with its one reflective proposal per step; `MergedAndEach`
+does both. Every candidate lists the proposals it came from (`source_proposals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .._io import json_key
+from ..aggregation import Aggregator, Candidate
+from ..optimizers import Proposal
+from ..parameters import Parameter
+
+__all__ = ["CandidateSource", "EachProposal", "MergedAndEach", "MergedCandidates", "make_candidate_source"]
+
+
+@runtime_checkable
+class CandidateSource(Protocol):
+    """Turns a step's proposals into candidates (may raise `LLMError`: the step then has none)."""
+
+    name: str
+    # The fewest model calls and candidates a step with proposals makes (for the budget check).
+    min_calls: int
+    min_candidates: int
+
+    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
+                         stepsize: float) -> list[Candidate]: ...
+
+
+class MergedCandidates:
+    """The aggregator's merge of all proposals (today's default)."""
+
+    name = "merged"
+    min_calls = 1
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self.aggregator = aggregator
+        self.min_candidates = aggregator.num_candidates
+
+    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
+                         stepsize: float) -> list[Candidate]:
+        return await self.aggregator.aggregate(parameters, proposals, stepsize)
+
+
+class EachProposal:
+    """Every distinct proposed update as a candidate of its own (no model call).
+
+    Proposals with the same update make one candidate that lists them all.
+    """
+
+    name = "each"
+    min_calls = 0
+    min_candidates = 1
+
+    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
+                         stepsize: float) -> list[Candidate]:
+        by_update: dict[str, Candidate] = {}
+        for proposal in proposals:
+            if not proposal.update:
+                continue
+            key = json_key(proposal.update)
+            if key in by_update:
+                by_update[key].source_proposals.append(proposal.proposal_id)
+                continue
+            by_update[key] = Candidate(update=dict(proposal.update), reasoning=proposal.reasoning,
+                                       extraction_method="proposal", source_proposals=[proposal.proposal_id])
+        return list(by_update.values())
+
+
+class MergedAndEach:
+    """The aggregator's candidates, then each distinct proposal not already among them."""
+
+    name = "both"
+    min_calls = 1
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self.merged, self.each = MergedCandidates(aggregator), EachProposal()
+        self.min_candidates = self.merged.min_candidates
+
+    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
+                         stepsize: float) -> list[Candidate]:
+        merged = await self.merged.candidates(parameters, proposals, stepsize)
+        seen = {json_key(c.update) for c in merged if c.update}
+        each = [c for c in await self.each.candidates(parameters, proposals, stepsize) if json_key(c.update) not in seen]
+        return [*merged, *each]
+
+
+def make_candidate_source(spec: str | CandidateSource, aggregator: Aggregator) -> CandidateSource:
+    """"merged", "each", "both", or a `CandidateSource`."""
+    if isinstance(spec, CandidateSource):
+        return spec
+    sources = {"merged": MergedCandidates, "each": lambda _: EachProposal(), "both": MergedAndEach}
+    if spec not in sources:
+        raise ValueError(f"candidates must be 'merged', 'each', 'both' or a CandidateSource, got {spec!r}")
+    return sources[spec](aggregator)  # type: ignore[operator]

@@ -1,19 +1,21 @@
 """Benchmark: search strategies on a simulated task where search matters.
 
-The task. Examples belong to K = 6 classes ("c3 item 7"); the agent's prompt is a list of
-rules, one per class at most ("c3=good.k2x; c1=fair.9qa"), and the agent reads only the
-first L = 4 (a prompt length limit: a rule pushed past the fourth is cut off, so rules
-compete for room). On an example of class c the agent is right with the probability its
+The task. Examples belong to K = 6 classes ("c3 item 7"); the agent has two text
+parameters, `rules_a` for classes 0-2 and `rules_b` for classes 3-5, each a list of rules,
+one per class at most ("c1=good.k2x; c0=fair.9qa"), of which the agent reads only the
+first 2 (a length limit: a rule pushed past the second is cut off, so rules compete for
+room; two parameters give lineages something to merge). On an example of class c the agent is right with the probability its
 rule for c gives: good 0.95, fair 0.6, bad 0.1, no rule 0.3. Which items a rule gets right
 is fixed by a hash of the rule's text and the item (a temperature-0 model: the same prompt
 gives the same answers), so two "good" rules differ in detail, as real prompts do.
 
 The optimizer (a `ScriptedModel` function that reads opto's real optimizer prompt) sees
-one failed example of class c and writes a rule for c at the front of the prompt: good
+one failed example of class c and writes a rule for c at the front of its parameter: good
 with probability 0.5, else fair; with probability 0.25 it also rewrites another rule as
 bad (a fix that breaks something else). On a success it proposes nothing. The aggregator
 (reading opto's real aggregator prompt) merges like a careless LLM: it applies every
 suggestion's changes in order, the later winning, each changed rule moved to the front.
+Merging lineages (`merge_every`) takes each parameter from the lineage that changed it.
 
 The attainable expected validation score is (4 x 0.95 + 2 x 0.3) / 6 = 0.733: four good
 rules in the room there is. Reported per strategy, mean and spread over 5 seeds: the
@@ -53,9 +55,10 @@ from opto import (
     ScriptedModel,
 )
 
-K, ROOM = 6, 4
+K, ROOM = 6, 2  # classes; rules read of each part
+PARTS = {"rules_a": (0, 1, 2), "rules_b": (3, 4, 5)}  # the two parameters and the classes each covers
 ACCURACY = {"good": 0.95, "fair": 0.6, "bad": 0.1, None: 0.3}
-ATTAINABLE = (ROOM * ACCURACY["good"] + (K - ROOM) * ACCURACY[None]) / K
+ATTAINABLE = (len(PARTS) * ROOM * ACCURACY["good"] + (K - len(PARTS) * ROOM) * ACCURACY[None]) / K
 RULE = re.compile(r"c(\d+)=(good|fair|bad)\.(\w+)")
 ITEM = re.compile(r"c(\d+) item (\d+)")
 
@@ -68,11 +71,17 @@ def prompt_of(rules: list[tuple[int, str, str]]) -> str:
     return "; ".join(f"c{c}={quality}.{tag}" for c, quality, tag in rules)
 
 
-def read_rules(prompt: str) -> dict[int, tuple[str, str]]:
-    """The rules the agent reads: the first ROOM, the first rule of a class winning."""
+def part_of(c: int) -> str:
+    return next(name for name, classes in PARTS.items() if c in classes)
+
+
+def read_rules(values: dict[str, str]) -> dict[int, tuple[str, str]]:
+    """The rules the agent reads: the first ROOM of each part, the first rule of a class winning."""
     seen: dict[int, tuple[str, str]] = {}
-    for c, quality, tag in rules_of(prompt)[:ROOM]:
-        seen.setdefault(c, (quality, tag))
+    for name, text in values.items():
+        for c, quality, tag in rules_of(text)[:ROOM]:
+            if part_of(c) == name:
+                seen.setdefault(c, (quality, tag))
     return seen
 
 
@@ -81,13 +90,13 @@ def unit(*parts: Any) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def expected_score(prompt: str, examples: list[dict[str, Any]]) -> float:
-    rules = read_rules(prompt)
+def expected_score(values: dict[str, str], examples: list[dict[str, Any]]) -> float:
+    rules = read_rules(values)
     return statistics.fmean(ACCURACY[rules.get(e["class"], (None,))[0]] for e in examples)
 
 
 def agent_reply(messages: list[dict[str, Any]]) -> str:
-    rules = read_rules(messages[0]["content"])
+    rules = read_rules(json.loads(messages[0]["content"]))
     c, item = map(int, ITEM.search(messages[-1]["content"]).groups())
     quality, tag = rules.get(c, (None, ""))
     return f"answer-c{c}-{item}" if unit(quality, tag, c, item) < ACCURACY[quality] else "wrong"
@@ -96,12 +105,17 @@ def agent_reply(messages: list[dict[str, Any]]) -> str:
 class RuleAgent(Agent):
     def __init__(self, model: ScriptedModel) -> None:
         self.model = model
-        self.prompt = Parameter("", description="rules for each class of input, most important first")
+        self.rules_a = Parameter("", description=f"rules for classes {PARTS['rules_a']}, most important first")
+        self.rules_b = Parameter("", description=f"rules for classes {PARTS['rules_b']}, most important first")
 
     async def forward(self, x: str) -> str:
-        reply = await self.model.complete([{"role": "system", "content": self.prompt.value},
-                                           {"role": "user", "content": x}])
+        system = json.dumps({"rules_a": self.rules_a.value, "rules_b": self.rules_b.value})
+        reply = await self.model.complete([{"role": "system", "content": system}, {"role": "user", "content": x}])
         return reply.text
+
+
+def current_value(text: str, name: str) -> str:
+    return json.loads(re.search(rf"## {name}\n(?:- .*\n)*?- current value: (\".*\")", text).group(1))
 
 
 def optimizer_reply(seed: int) -> Callable[[list[dict[str, Any]]], str]:
@@ -109,8 +123,9 @@ def optimizer_reply(seed: int) -> Callable[[list[dict[str, Any]]], str]:
         text = messages[-1]["content"]
         if re.search(r"score: 1(\.0)?\b", text):
             return json.dumps({"reasoning": "it was right", "suggestion": {}})
-        current = json.loads(re.search(r'- current value: (".*")', text).group(1))
         c, item = map(int, ITEM.search(text.split("# Input", 1)[1]).groups())
+        name = part_of(c)
+        current = current_value(text, name)
         rng = random.Random(f"{seed}|{current}|{c}|{item}")
         rules = [r for r in rules_of(current) if r[0] != c]
         quality = "good" if rng.random() < 0.5 else "fair"
@@ -118,22 +133,25 @@ def optimizer_reply(seed: int) -> Callable[[list[dict[str, Any]]], str]:
             victim = rng.randrange(len(rules))
             rules[victim] = (rules[victim][0], "bad", f"{rng.randrange(10**6):x}")
         rules.insert(0, (c, quality, f"{rng.randrange(10**6):x}"))
-        return json.dumps({"reasoning": f"a rule for c{c}", "suggestion": {"prompt": prompt_of(rules)}})
+        return json.dumps({"reasoning": f"a rule for c{c}", "suggestion": {name: prompt_of(rules)}})
 
     return reply
 
 
 def aggregator_reply(messages: list[dict[str, Any]]) -> str:
     blocks = re.split(r"# Suggestion \d+", messages[-1]["content"])[1:]
-    values = [json.loads(re.search(r'"prompt": (".*")', block).group(1)) for block in blocks
-              if re.search(r'"prompt": (".*")', block)]
-    merged = rules_of(values[0]) if values else []
-    for value in values[1:]:
-        current = {c: (quality, tag) for c, quality, tag in merged}
-        for c, quality, tag in reversed(rules_of(value)):
-            if current.get(c) != (quality, tag):
-                merged = [(c, quality, tag), *[r for r in merged if r[0] != c]]
-    return json.dumps({"reasoning_prompt": "all changes", "suggestion": {"prompt": prompt_of(merged)}})
+    suggestion = {}
+    for name in PARTS:
+        values = [json.loads(found.group(1)) for block in blocks
+                  if (found := re.search(rf'"{name}": (".*")', block))]
+        merged = rules_of(values[0]) if values else []
+        for value in values[1:]:
+            current = {c: (quality, tag) for c, quality, tag in merged}
+            for c, quality, tag in reversed(rules_of(value)):
+                if current.get(c) != (quality, tag):
+                    merged = [(c, quality, tag), *[r for r in merged if r[0] != c]]
+        suggestion[name] = prompt_of(merged)
+    return json.dumps({"reasoning": "all changes", "suggestion": suggestion})
 
 
 def dataset(per_class: int, offset: int) -> list[dict[str, Any]]:
@@ -152,6 +170,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "pareto-merged": {"selection": "pareto", "validation": "set"},
     "pareto-each": {"selection": "pareto", "candidates": "each", "validation": "set"},
     "pareto-each-first": {"selection": "pareto", "candidates": "each", "validation": "first"},
+    "pareto-merged-merge": {"selection": "pareto", "validation": "set", "merge_every": 3},
+    "pareto-each-first-merge": {"selection": "pareto", "candidates": "each", "validation": "first", "merge_every": 3},
 }
 
 
@@ -188,7 +208,7 @@ def run(strategy: str, seed: int, budget: int, batch_size: int) -> dict[str, Any
             values = trainer.pool.best().values if trainer.selection == "pareto" and trainer.pool else \
                 agent.stored_values()
             calls = agent_calls.calls + brain_calls.calls + aggregator_calls.calls
-            curve.append((calls, expected_score(values["prompt"], validation)))
+            curve.append((calls, expected_score(values, validation)))
 
     trainer.train(ExactMatchGuide(), train, batch_size=batch_size, num_epochs=50, seed=seed, progress=False,
                   stop=MaxCalls(budget), callbacks=[Watch()])

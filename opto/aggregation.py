@@ -57,6 +57,8 @@ class Candidate(SuggestedUpdate):
     error: str | None = None
     source_proposals: list[str] = Field(default_factory=list)
     groups: list[Candidate] = Field(default_factory=list)
+    # A merge of two lineages (`merge_every`): the pool members it combines.
+    merge_parents: list[str] = Field(default_factory=list)
 
 
 class _Suggestion(BaseModel):

@@ -160,6 +160,8 @@ class PoolEvent(_Event):
     scores: dict[str, float | None]
     from_step: int = 0
     parent_id: str | None = None
+    merge_parent_id: str | None = None  # a merge of two lineages: its second parent
+    costs: dict[str, float] = Field(default_factory=dict)  # mean per rollout, by objective ("cost", "latency")
     pool_mean: float | None = None
 
 

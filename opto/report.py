@@ -37,6 +37,13 @@ class ReportSummary(BaseModel):
     # MinibatchFirst: candidates rejected on their batch, and the validation rollouts saved.
     screened_out: int = 0
     rollouts_saved: int = 0
+    # Pareto selection: `lineage.png`, the pool's candidates and which came from which.
+    lineage_png: str | None = None
+    lineage_nodes: int = 0
+    lineage_edges: int = 0
+    # Pareto selection with a cost objective: `score_vs_cost.png`, each candidate's mean
+    # validation score against its mean cost per rollout.
+    cost_png: str | None = None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
@@ -65,10 +72,83 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
     screened = _screening(decisions)
+    pool = [r for r in run.ledger() if r.get("type") == "pool"]
+    lineage = _lineage(target / "lineage.png", pool, decisions) if pool else None
+    costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None]
+    if costed:
+        _score_vs_cost(target / "score_vs_cost.png", costed)
     return ReportSummary(png=str(png), markdown=str(markdown), steps=len(steps), accepted=accepted, rejected=rejected,
                          first_test_score=tests[0][1] if tests else None,
                          last_test_score=tests[-1][1] if tests else None, plotted_points=points, title=title,
-                         legend=legend, screened_out=screened[1], rollouts_saved=screened[2])
+                         legend=legend, screened_out=screened[1], rollouts_saved=screened[2],
+                         lineage_png=str(target / "lineage.png") if lineage else None,
+                         lineage_nodes=lineage[0] if lineage else 0, lineage_edges=lineage[1] if lineage else 0,
+                         cost_png=str(target / "score_vs_cost.png") if costed else None)
+
+
+def _score_vs_cost(path: Path, pool: list[dict[str, Any]]) -> None:
+    """Each candidate's mean validation score against its mean cost per rollout."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=100)
+    for entry in pool:
+        x, y = entry["costs"]["cost"], entry.get("pool_mean") or 0.0
+        ax.scatter([x], [y], color="tab:blue", zorder=3)
+        ax.annotate(entry["candidate_id"][:6], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("mean cost per validation rollout (USD, or tokens without prices)")
+    ax.set_ylabel("validation mean")
+    ax.set_title("candidates: score against cost")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _lineage(path: Path, pool: list[dict[str, Any]], decisions: dict[int, list[dict[str, Any]]]) -> tuple[int, int]:
+    """Draw the Pareto pool's lineage: each candidate at (step, validation mean), an arrow
+    from its parent (dashed from a merge's second parent), green if it was accepted.
+    Returns (candidates drawn, arrows drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    verdict = {d.get("candidate_id"): d.get("accepted") for found in decisions.values() for d in found}
+    by_step: dict[int, list[str]] = {}
+    for entry in pool:
+        by_step.setdefault(int(entry.get("from_step", 0)), []).append(entry["candidate_id"])
+    where: dict[str, tuple[float, float]] = {}
+    for entry in pool:  # candidates of one step side by side, not on top of each other
+        step, peers = int(entry.get("from_step", 0)), by_step[int(entry.get("from_step", 0))]
+        offset = (peers.index(entry["candidate_id"]) - (len(peers) - 1) / 2) * 0.25 / max(1, len(peers) - 1) ** 0.5
+        where[entry["candidate_id"]] = (step + offset, entry.get("pool_mean") or 0.0)
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    arrows = 0
+    for entry in pool:
+        x, y = where[entry["candidate_id"]]
+        for parent, style in ((entry.get("parent_id"), "-"), (entry.get("merge_parent_id"), "--")):
+            if parent in where:
+                px, py = where[parent]
+                ax.annotate("", xy=(x, y), xytext=(px, py),
+                            arrowprops={"arrowstyle": "->", "linestyle": style, "color": "tab:gray"})
+                arrows += 1
+        accepted = verdict.get(entry["candidate_id"])
+        color = "black" if accepted is None else ("tab:green" if accepted else "tab:red")
+        ax.scatter([x], [y], color=color, marker="o" if accepted is not False else "x", zorder=3)
+        ax.annotate(entry["candidate_id"][:6], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation mean")
+    ax.set_title("candidate lineage (green: accepted, red: rejected, black: the start; dashed: merged from)")
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return len(pool), arrows
 
 
 def _screening(decisions: dict[int, list[dict[str, Any]]]) -> tuple[int, int, int]:

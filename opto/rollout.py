@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,6 +19,7 @@ from .data import Example
 from .guides import Guide
 from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
+from .llm.usage import meter_usage
 from .parameters import Parameter, assign, track_reads
 
 __all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "timeout_fields", "values_digest"]
@@ -38,6 +40,11 @@ class RolloutFields(BaseModel):
     # Which parameter values the agent ran under (a digest of its trainable values): rollouts
     # of one example with the same digest ran the same policy.
     values_hash: str | None = None
+    # What the run of agent and guide used: paid tokens, their cost, and its wall time
+    # (the "cost" and "latency" objectives of `selection="pareto"`).
+    tokens: int | None = None
+    cost_usd: float | None = None
+    seconds: float | None = None
 
 
 class Rollout(RolloutFields):
@@ -87,9 +94,10 @@ async def run_rollout(
     because it means the run must stop, not that this example failed.
     """
     base = {"example_id": example.id or "", "x": example.x, "info": example.info}
+    started = time.perf_counter()
     with assign(values or {}):
         base["values_hash"] = values_digest(agent)  # before tracking: the digest is not the agent's read
-        with record_llm_calls() as trace, track_reads() as reads:
+        with record_llm_calls() as trace, track_reads() as reads, meter_usage() as meter:
             try:
                 if timeout is None:
                     fields = await _agent_then_guide(agent, guide, example, min_score)
@@ -98,7 +106,9 @@ async def run_rollout(
             except TimeoutError:
                 logger.debug("rollout on %s timed out after %s s", example.id, timeout)
                 fields = timeout_fields(timeout, min_score)
-    return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads))
+    used = meter.total
+    return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads), tokens=used.total_tokens,
+                   cost_usd=used.cost_usd, seconds=round(time.perf_counter() - started, 6))
 
 
 def timeout_fields(timeout: float, min_score: float | None) -> dict[str, Any]:

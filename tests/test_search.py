@@ -4,12 +4,14 @@ minibatch-first acceptance, greedy and Pareto."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 from typing import Any
 
 import pytest
 
 import world
+from opto import Agent, Parameter, ScriptedModel
 from opto import Budget, ExactMatchGuide, MinibatchFirst, RunDir
 from opto.search import EachProposal
 
@@ -123,3 +125,113 @@ def test_the_report_says_how_many_validations_minibatch_first_saved(tmp_path):
     summary = write_report(tmp_path)
     assert (summary.screened_out, summary.rollouts_saved) == (2, 12)
     assert "2 of 4 candidates lost on their batch" in (tmp_path / "report.md").read_text()
+
+
+class TwoKnobs(Agent):
+    """Right on even x when a == "A", on odd x when b == "B": two parameters, two lineages."""
+
+    def __init__(self) -> None:
+        self.model = ScriptedModel(lambda messages: messages[-1]["content"], name="agent-model")
+        self.a = Parameter("a0", description="the even knob")
+        self.b = Parameter("b0", description="the odd knob")
+
+    async def forward(self, x: int) -> str:
+        needed = self.a.value == "A" if x % 2 == 0 else self.b.value == "B"
+        reply = await self.model.complete([{"role": "user", "content": str(2 * x) if needed else "wrong"}])
+        return reply.text
+
+
+def knob_for_own_instance(messages: list[dict[str, Any]]) -> str:
+    """Fixes only the knob its instance needs: lineages that change different parameters."""
+    x = int(re.search(r"# Input\n(-?\d+)", messages[-1]["content"]).group(1))
+    return json.dumps({"suggestion": {"a": "A"} if x % 2 == 0 else {"b": "B"}})
+
+
+def test_merge_every_combines_two_lineages_by_the_parameters_each_changed(tmp_path):
+    from opto import AggregatedUpdate, Optimizer
+
+    trainer = AggregatedUpdate(TwoKnobs(), Optimizer(ScriptedModel(knob_for_own_instance, name="brain")),
+                               candidates="each", selection="pareto", merge_every=2,
+                               validation=world.dataset(range(4)))
+    result = trainer.train(ExactMatchGuide(), world.dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path,
+                           progress=False, shuffle=False)
+    merges = [c for c in events(tmp_path, "candidate") if c.merge_parents]
+    assert len(merges) == 1 and merges[0].step == 2 and merges[0].update in ({"a": "A"}, {"b": "B"})
+    assert "common ancestor start" in merges[0].reasoning
+    pooled = {e.candidate_id: e for e in events(tmp_path, "pool")}
+    merged = pooled[merges[0].candidate_id]
+    assert {merged.parent_id, merged.merge_parent_id} == set(merges[0].merge_parents)
+    assert merged.values == {"a": "A", "b": "B"} and merged.pool_mean == 1.0
+    assert result.final_parameters == {"a": "A", "b": "B"}
+    assert not [p for p in events(tmp_path, "proposal") if p.step == 2]  # a merge step asks for no proposals
+
+
+def test_merge_every_needs_pareto_selection():
+    with pytest.raises(ValueError, match="selection='pareto'"):
+        trainer_with(merge_every=2)
+
+
+def test_the_report_draws_the_lineage_with_both_parents_of_a_merge(tmp_path):
+    from opto import AggregatedUpdate, Optimizer
+    from opto.report import write_report
+
+    trainer = AggregatedUpdate(TwoKnobs(), Optimizer(ScriptedModel(knob_for_own_instance, name="brain")),
+                               candidates="each", selection="pareto", merge_every=2,
+                               validation=world.dataset(range(4)))
+    trainer.train(ExactMatchGuide(), world.dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path, progress=False,
+                  shuffle=False)
+    summary = write_report(tmp_path)
+    pool = events(tmp_path, "pool")
+    assert summary.lineage_png and Path(summary.lineage_png).stat().st_size > 0
+    assert summary.lineage_nodes == len(pool)
+    assert summary.lineage_edges == sum(1 for e in pool if e.parent_id) + sum(1 for e in pool if e.merge_parent_id)
+
+
+class Styled(Agent):
+    """Always right, but the "long" style makes three model calls where "short" makes one."""
+
+    def __init__(self) -> None:
+        self.model = ScriptedModel(lambda messages: messages[-1]["content"], name="agent-model")
+        self.style = Parameter("unset", description="how to answer")
+
+    async def forward(self, x: int) -> str:
+        if self.style.value == "unset":
+            return "wrong"
+        for _ in range(3 if self.style.value == "long" else 1):
+            reply = await self.model.complete([{"role": "user", "content": str(2 * x)}])
+        return reply.text
+
+
+def style_by_parity(messages: list[dict[str, Any]]) -> str:
+    x = int(re.search(r"# Input\n(-?\d+)", messages[-1]["content"]).group(1))
+    return json.dumps({"suggestion": {"style": "long" if x % 2 else "short"}})
+
+
+@pytest.mark.parametrize("objectives", [("score",), ("score", "cost")])
+def test_cost_as_an_objective_keeps_the_cheaper_of_equal_candidates(objectives, tmp_path):
+    from opto import AggregatedUpdate, Optimizer
+    from opto.report import write_report
+
+    trainer = AggregatedUpdate(Styled(), Optimizer(ScriptedModel(style_by_parity, name="brain")), candidates="each",
+                               selection="pareto", objectives=objectives, validation=world.dataset(range(4)))
+    result = trainer.train(ExactMatchGuide(), world.dataset([1, 0]), batch_size=2, run_dir=tmp_path, progress=False,
+                           shuffle=False)
+    pooled = {e.values["style"]: e for e in events(tmp_path, "pool")}
+    assert pooled["short"].pool_mean == pooled["long"].pool_mean == 1.0
+    if objectives == ("score",):
+        assert result.final_parameters == {"style": "long"}  # equal means: the earliest (proposed for x=1)
+        assert pooled["long"].costs == {}
+    else:
+        assert pooled["short"].costs["cost"] < pooled["long"].costs["cost"]
+        front = trainer.pool.front()  # "long" is dominated; the start stays as the cheapest (no calls at all)
+        assert pooled["short"].candidate_id in front and pooled["long"].candidate_id not in front
+        assert result.final_parameters == {"style": "short"}
+        summary = write_report(tmp_path)
+        assert summary.cost_png and Path(summary.cost_png).stat().st_size > 0
+
+
+def test_objectives_are_checked():
+    with pytest.raises(ValueError, match="'score' followed by"):
+        trainer_with(selection="pareto", validation=world.dataset(range(2)), objectives=("cost",))
+    with pytest.raises(ValueError, match="selection='pareto'"):
+        trainer_with(objectives=("score", "cost"))

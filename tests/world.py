@@ -158,3 +158,8 @@ def ledger_of(run_dir: Path) -> list[tuple[Any, ...]]:
              r.get("error"), r.get("accepted"), json.dumps(r.get("update"), sort_keys=True),
              json.dumps(r.get("trace"), sort_keys=True))
             for r in RunDir(run_dir).ledger()]
+
+
+def timeless(rollouts: list[Any]) -> list[dict[str, Any]]:
+    """Rollouts as ledger records without their wall time (which differs between any two runs)."""
+    return [{k: v for k, v in r.to_record().items() if k != "seconds"} for r in rollouts]

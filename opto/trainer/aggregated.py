@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._async import gather_all
+from .._io import json_key
 from ..agent import Agent
 from ..aggregation import Aggregator, Candidate
 from ..data import Example
@@ -39,9 +40,10 @@ from ..optimizers import Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
 from ..search.candidates import CandidateSource, make_candidate_source
 from .failures import check_failures
+from .merge import LineageMerge, MergePlan
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
-from .selection import START_ID, CandidatePool, check_selection
+from .selection import START_ID, CandidatePool, check_objectives, check_selection
 from .trace_compat import InstanceOutput, TraceCompatible
 from .validation import DatasetValidation, Decision, Validation, ValidationContext, make_validation
 
@@ -71,6 +73,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         candidates: where a step's candidates come from: "merged" (the aggregator's merge
             of all proposals), "each" (every distinct proposal on its own, no aggregator
             call), "both", or an `opto.search.CandidateSource`. All are validated at once.
+        objectives: ("score",) or, with selection="pareto", ("score", "cost") and/or
+            "latency": the front also keeps a candidate that is cheaper (dollars when the
+            models have prices, else tokens, per validation rollout) or faster at an equal
+            or better score, and the run ends with the best score, ties going to the cheaper.
+        merge_every: with selection="pareto", every N steps merge two front members that
+            descend from a common ancestor, parameter by parameter from the lineage that
+            changed it (`opto.trainer.merge`); the merge is validated like any candidate
+            and keeps both parents in the pool. A merge step makes no proposals.
         selection: "greedy" (one incumbent: each step starts from the current values) or
             "pareto" (a pool of every validated candidate; each step starts from a member
             of its Pareto front, and the run ends with the best mean; see
@@ -92,6 +102,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         score_proposals: str | None = None,
         selection: str = "greedy",
         candidates: str | CandidateSource = "merged",
+        merge_every: int | None = None,
+        objectives: Sequence[str] = ("score",),
     ) -> None:
         super().__init__(agent, concurrency=concurrency, executor=executor)
         self.proposers: list[Proposer] = _check_proposers(optimizer)
@@ -110,7 +122,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                 "validation=<a dataset> (e.g. bigbench(task, split='validation')), not "
                 f"{self.validation.name!r}"
             )
-        self.pool = CandidatePool()
+        if merge_every is not None and selection != "pareto":
+            raise ValueError("merge_every merges lineages of a Pareto pool: pass selection='pareto' with it")
+        self.merge = LineageMerge(merge_every) if merge_every is not None else None
+        self.objectives = check_objectives(objectives, selection)
+        self.pool = CandidatePool(objectives=self.objectives)
+        self._merges_tried: set[str] = set()
         self._seed = 0
         self.aggregator_system_prompt = self.aggregator.system_prompt
         # Limits concurrent proposer calls; one per event loop, since a semaphore is bound
@@ -131,6 +148,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
         if self.selection == "pareto" and self.pool:
+            plan = self.merge.plan(self.pool, self._merges_tried) if self.merge and self.merge.due(ctx.step) else None
+            if plan is not None:
+                return await self._merge_step(batch, plan, ctx)
             self._start_from_the_front(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
@@ -217,6 +237,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             record.note = "no candidate: " + _why_none(proposals, candidates)
             ctx.emit(DecisionEvent(step=ctx.step, reason=record.note))
             return record
+        return await self._judge(rollouts, usable, ctx)
+
+    async def _judge(self, rollouts: list[Rollout], usable: list[Candidate], ctx: StepContext) -> StepRecord:
+        """A decision on each candidate, and the best accepted one applied."""
+        record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
+        record.score = mean_score(rollouts)
         decisions = await self._decisions(usable, rollouts, ctx)
         if self.selection == "pareto":
             self._add_to_pool(usable, decisions, ctx)
@@ -269,6 +295,29 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
         return decisions
 
+    async def _merge_step(self, batch: list[Example], plan: MergePlan, ctx: StepContext) -> StepRecord:
+        """A step that validates the merge of two lineages instead of asking for proposals."""
+        self._merges_tried.add(json_key(plan.values))
+        parent = self.pool.get(plan.parent_id)
+        assert parent is not None
+        self.agent.apply(parent.values)
+        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(), mean=parent.mean))
+        if ctx.step_record is not None:
+            ctx.step_record.start_values = self.agent.stored_values()
+        rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
+                                           timeout=ctx.rollout_timeout)
+        for rollout in rollouts:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+        ctx.failure_log.note(rollouts, f"step {ctx.step}")
+        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+        origin = "; ".join(f"{name} from {source}" for name, source in plan.taken_from.items())
+        candidate = Candidate(update={k: v for k, v in plan.values.items() if v != parent.values.get(k)},
+                              reasoning=f"merge of {plan.parent_id} and {plan.other_id} (common ancestor "
+                                        f"{plan.ancestor_id}): {origin}",
+                              extraction_method="merge", merge_parents=[plan.parent_id, plan.other_id])
+        ctx.emit(CandidateEvent(step=ctx.step, final=True, **candidate.model_dump(mode="json", exclude={"groups"})))
+        return await self._judge(rollouts, [candidate], ctx)
+
     # The budget check before the first step ------------------------------------------
 
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
@@ -291,10 +340,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # Pareto selection ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool.model_dump(mode="json")} if self.selection == "pareto" else {}
+        if self.selection != "pareto":
+            return {}
+        return {"pool": self.pool.model_dump(mode="json"), "merges_tried": sorted(self._merges_tried)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pool = CandidatePool.model_validate(state.get("pool", {}))
+        self.pool = CandidatePool.model_validate({**state.get("pool", {}), "objectives": self.objectives})
+        self._merges_tried = set(state.get("merges_tried", []))
 
     def _start_from_the_front(self, ctx: StepContext) -> None:
         """Apply a Pareto-front member drawn with a generator seeded by (seed, step)."""
@@ -316,7 +368,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         for candidate, decision in zip(candidates, decisions):
             if decision.rollouts:
                 entry = self.pool.add(candidate.candidate_id, {**current, **candidate.update}, decision.rollouts,
-                                      step=ctx.step, parent_id=parent.candidate_id)
+                                      step=ctx.step, parent_id=parent.candidate_id,
+                                      merge_parent_id=candidate.merge_parents[1] if candidate.merge_parents else None)
                 ctx.emit(PoolEvent(step=ctx.step, **entry.model_dump(mode="json"), pool_mean=entry.mean))
 
     def finish(self) -> bool:

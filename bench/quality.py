@@ -7,7 +7,10 @@ compatible endpoint with --base-url/--model). The agent is `opto.demo.FewShotAge
 - optimizer: the LLM `Optimizer` alone (prompt rewrites), greedy acceptance;
 - demos: `DemoProposer` alone (demos from the training split), greedy;
 - both: the two proposers together, greedy;
-- demos+pareto / both+pareto: the same with the Pareto candidate pool.
+- demos+pareto / both+pareto: the same with the Pareto candidate pool;
+- both+each+first: each proposal a candidate, screened on its batch before the
+  validation split (`MinibatchFirst`);
+- both+pareto+each+first+merge: the same with the Pareto pool and `merge_every=2`.
 
 Acceptance uses the task's validation split, balanced by label where the task has few
 labels (so a constant answer cannot win it); demos come from the train split; the test
@@ -35,18 +38,23 @@ import tempfile
 import time
 from typing import Any
 
-from opto import AggregatedUpdate, Aggregator, DemoProposer, ExactMatchGuide, Optimizer, evaluate
+from opto import AggregatedUpdate, Aggregator, DemoProposer, ExactMatchGuide, MinibatchFirst, Optimizer, evaluate
 from opto.data import Example
 from opto.datasets import bigbench
 from opto.demo import FewShotAgent, majority_baseline
 from opto.llm import LocalModel, Model, OpenAIModel
 
-STRATEGIES = {
-    "optimizer": (("optimizer",), "greedy"),
-    "demos": (("demos",), "greedy"),
-    "both": (("optimizer", "demos"), "greedy"),
-    "demos+pareto": (("demos",), "pareto"),
-    "both+pareto": (("optimizer", "demos"), "pareto"),
+# name: (proposers, selection, more AggregatedUpdate settings; "first" stands for
+# validation=MinibatchFirst(the validation split))
+STRATEGIES: dict[str, tuple[tuple[str, ...], str, dict[str, Any]]] = {
+    "optimizer": (("optimizer",), "greedy", {}),
+    "demos": (("demos",), "greedy", {}),
+    "both": (("optimizer", "demos"), "greedy", {}),
+    "demos+pareto": (("demos",), "pareto", {}),
+    "both+pareto": (("optimizer", "demos"), "pareto", {}),
+    "both+each+first": (("optimizer", "demos"), "greedy", {"candidates": "each", "validation": "first"}),
+    "both+pareto+each+first+merge": (("optimizer", "demos"), "pareto",
+                                     {"candidates": "each", "validation": "first", "merge_every": 2}),
 }
 
 
@@ -67,14 +75,17 @@ def balanced(examples: list[Example], n: int) -> list[Example]:
 
 
 def run(model: Model, task: str, strategy: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    proposer_names, selection = STRATEGIES[strategy]
+    proposer_names, selection, settings = STRATEGIES[strategy]
     agent = FewShotAgent(model)
     test = bigbench(task, split="test", n=args.test, seed=seed)
     validation = balanced(bigbench(task, split="validation", seed=seed), args.validation)
     proposers = [Optimizer(model, max_tokens=120, temperature=0.8) if name == "optimizer" else
                  DemoProposer(source="labels") for name in proposer_names]
+    settings = dict(settings)
+    if settings.get("validation") == "first":
+        settings["validation"] = MinibatchFirst(validation)
     trainer = AggregatedUpdate(agent, proposers, aggregator=Aggregator(model, max_tokens=160, temperature=0.8),
-                               concurrency=4, validation=validation, selection=selection)
+                               concurrency=4, **{"validation": validation, **settings}, selection=selection)
     started = time.monotonic()
     before = evaluate(agent, ExactMatchGuide(), test, concurrency=4, max_failures=None).mean
     spent = model.usage

@@ -76,7 +76,7 @@ def _part(proposal: Proposal, keep: Callable[[str], bool]) -> Proposal | None:
     return proposal.model_copy(update={"update": update}) if update else None
 
 
-def _dedupe(proposals: Sequence[Proposal]) -> list[_Suggestion]:
+def dedupe(proposals: Sequence[Proposal]) -> list[_Suggestion]:
     """Identical updates are shown once, with how many instances proposed them."""
     merged: dict[str, _Suggestion] = {}
     for proposal in proposals:
@@ -163,7 +163,7 @@ class Aggregator:
         demo_parts = [part for p in proposals if (part := _part(p, lambda name: name in demo_names))]
         others = [part for p in proposals if (part := _part(p, lambda name: name not in demo_names))]
         rule = self._merge_demos(current, demo_parts)
-        if not _dedupe(others):
+        if not dedupe(others):
             return rule
         if self.model is None:
             raise ValueError(
@@ -196,7 +196,7 @@ class Aggregator:
     ) -> list[Candidate]:
         # Demo lists are merged by rule: the LLM neither sees nor rewrites them.
         trainable = [p for p in current if p.trainable and not isinstance(p, Demos)]
-        suggestions = _dedupe(proposals)
+        suggestions = dedupe(proposals)
         groups: list[Candidate] = []
         level = 0
         while len(suggestions) > 1 and not self._fits(trainable, suggestions, stepsize):

@@ -274,9 +274,9 @@ async def test_max_prompt_tokens_forces_groups():
     proposals = [proposal({"prompt": f"{i} {long_text}", "k": 2 + i}) for i in range(4)]
 
     probe = Aggregator(ScriptedModel([]))
-    from opto.aggregation import _dedupe  # the same suggestions the aggregator builds
+    from opto.aggregation import dedupe  # the same suggestions the aggregator builds
 
-    suggestions = _dedupe(proposals)
+    suggestions = dedupe(proposals)
     two = probe._prompt_tokens([p for p in params() if p.trainable], suggestions[:2], 0.5)
     three = probe._prompt_tokens([p for p in params() if p.trainable], suggestions[:3], 0.5)
     limit = (two + three) // 2

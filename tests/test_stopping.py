@@ -154,11 +154,16 @@ def test_the_run_budget_counts_every_call_and_the_stopped_run_resumes(whole, tmp
 def test_sigterm_stops_after_saving_and_the_run_resumes(whole, tmp_path):
     whole_dir, whole_result = whole
     terminated: list[int] = []
+    # opto leaves a handler the program set alone (Ray's driver sets one, and an earlier
+    # test module may have started Ray in this process): start from the default.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     class TermDuringStep(world.LevelAgent):
         async def forward(self, x: Any) -> str:
             if x == 4 and not terminated:  # in step 3's batch
                 terminated.append(x)
+                if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # would end the test process
+                    raise AssertionError("train() did not install its SIGTERM handler")
                 os.kill(os.getpid(), signal.SIGTERM)
                 await asyncio.sleep(0.5)
             return await super().forward(x)
@@ -169,8 +174,10 @@ def test_sigterm_stops_after_saving_and_the_run_resumes(whole, tmp_path):
         stopped = train(tmp_path)
     finally:
         world.LevelAgent = original
+        removed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        signal.signal(signal.SIGTERM, previous)
     assert stopped.stopped_reason == "SIGTERM" and stopped.steps == 2
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was removed
+    assert removed  # train() put the default back
     resumed = train(tmp_path, resume=True)
     assert resumed.final_parameters == whole_result.final_parameters
     assert ledger_of(tmp_path) == ledger_of(whole_dir)

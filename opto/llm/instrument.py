@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .prices import known_price
-from .tracing import record_call
+from .tracing import record_call, recorded_by_opto
 from .types import Completion, TokenUsage, content_text, tool_calls_of, validate_messages
 from .usage import (
     Budget,
@@ -133,7 +133,8 @@ def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | M
         request = {**dict(zip(positional, args)), **kwargs}
         reservation = before(request)
         try:
-            response = original(*args, **kwargs)
+            with recorded_by_opto():  # an OpenTelemetry span of this call is not counted again
+                response = original(*args, **kwargs)
         except BaseException:
             failed(reservation, str(request.get("model", "")))
             raise
@@ -143,7 +144,8 @@ def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | M
 
         async def finish() -> Any:  # openai.AsyncOpenAI, litellm.acompletion: in the awaiting task's trace
             try:
-                result = await response
+                with recorded_by_opto():
+                    result = await response
             except BaseException:
                 failed(reservation, str(request.get("model", "")))
                 raise

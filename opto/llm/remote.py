@@ -17,6 +17,7 @@ from .errors import LLMRequestError, LLMUnavailableError, describe_error
 from .ratelimit import RateLimiter
 from .redaction import redact
 from .retry import backoff_delay, retry_after_delay, retry_after_seconds
+from .tracing import recorded_by_opto
 from .types import Completion, Message, TokenUsage, tool_calls_of
 from .usage import estimate_tokens
 
@@ -188,7 +189,8 @@ class RemoteChatModel(Model):
                 async with self._semaphore:
                     # Inside the slot, so the rate limits count requests when they are sent.
                     handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
-                    reply = await client.post(params)
+                    with recorded_by_opto():  # an OpenTelemetry span of this request is not counted again
+                        reply = await client.post(params)
                 completion = self._to_completion(reply, estimate)
                 self._limits.record_actual(handle, completion.usage.total_tokens)
                 return completion

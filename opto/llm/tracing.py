@@ -27,6 +27,28 @@ offered) when it had them, "truncated": True for a reply cut at max_tokens, and 
 _TRACE: contextvars.ContextVar[list[LLMCall] | None] = contextvars.ContextVar("opto_llm_trace", default=None)
 
 
+_BY_OPTO: contextvars.ContextVar[bool] = contextvars.ContextVar("opto_call_recorded_by_opto", default=False)
+
+
+def current_trace() -> list[LLMCall] | None:
+    """The trace of the enclosing `record_llm_calls` block (a rollout's), or None."""
+    return _TRACE.get()
+
+
+@contextlib.contextmanager
+def recorded_by_opto() -> Iterator[None]:
+    """Mark a call that opto records itself, so an OpenTelemetry span of it is not counted again."""
+    token = _BY_OPTO.set(True)
+    try:
+        yield
+    finally:
+        _BY_OPTO.reset(token)
+
+
+def is_recorded_by_opto() -> bool:
+    return _BY_OPTO.get()
+
+
 @contextlib.contextmanager
 def record_llm_calls() -> Iterator[list[LLMCall]]:
     """Collect every model call made inside the block into the yielded list."""
@@ -128,6 +150,8 @@ def _clip_entry(entry: LLMCall, limit: int) -> LLMCall:
     if "tool_result" in entry:
         result = dict(entry["tool_result"])
         result["content"] = clip_middle(str(result.get("content", "")), limit)
+        if "input" in result:  # a tool span's input (opto.llm.otel)
+            result["input"] = clip_middle(str(result["input"]), limit)
         return {"tool_result": result}
     clipped = dict(entry)
     clipped["messages"] = [{**m, "content": clip_middle(content_text(m.get("content")), limit)}

@@ -95,6 +95,8 @@ class Budget:
         # Set while a coordinator counts for this budget (a run on several processes).
         self._link: Link | None = None
         self._key: str | None = None
+        # Why calls seen after the fact (`charge`) used the budget up, if they did.
+        self.overrun: str | None = None
 
     def reserve(self, prompt_tokens: int, price: Price | None) -> tuple[int, float]:
         """Count one call and its estimated prompt tokens, or raise if that goes over."""
@@ -129,6 +131,31 @@ class Budget:
             else:
                 self.tokens += usage.total_tokens
                 self.cost_usd += cost_of(usage, price)
+
+    def charge(self, usage: TokenUsage, price: Price | None) -> str | None:
+        """Count a call that was already made (seen after the fact, e.g. an OpenTelemetry
+        span). Returns why the budget is now used up, or None; it is also kept in
+        `overrun`, which stops a rollout when it ends (`run_rollout`)."""
+        if self._link is not None:
+            why = self._link.call("charge", self._key, usage, price)
+        else:
+            with self._lock:
+                self.calls += 1
+                self.tokens += usage.total_tokens
+                self.cost_usd += cost_of(usage, price)
+                why = self._used_up()
+        if why is not None:
+            self.overrun = why
+        return why
+
+    def _used_up(self) -> str | None:
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return f"budget of {self.max_calls} calls is used up ({self.calls} made)"
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            return f"budget of {self.max_tokens} tokens is used up ({self.tokens} used)"
+        if self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+            return f"budget of ${self.max_cost_usd:.4f} is used up (${self.cost_usd:.4f} spent)"
+        return None
 
     async def areserve(self, prompt_tokens: int, price: Price | None) -> tuple[int, float]:
         """`reserve` that awaits a shared budget's coordinator instead of blocking."""
@@ -177,7 +204,7 @@ class Budget:
     def __getstate__(self) -> dict[str, Any]:
         if self._link is None and (hub := current_hub()) is not None:
             hub.attach_budget(self)
-        state = {**self.limits, **self.spent(), "_link": self._link, "_key": self._key}
+        state = {**self.limits, **self.spent(), "_link": self._link, "_key": self._key, "overrun": self.overrun}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -252,6 +279,11 @@ def budget_scope(*budgets: Budget) -> Iterator[None]:
         yield
     finally:
         _RUN_BUDGETS.reset(token)
+
+
+def current_meters() -> tuple[UsageMeter, ...]:
+    """The meters of the enclosing `meter_usage` blocks."""
+    return _METERS.get()
 
 
 def run_budgets() -> tuple[Budget, ...]:

@@ -39,8 +39,14 @@ def _demo(args: argparse.Namespace) -> int:
         print(report.model_dump_json())
         return 0 if report.stopped_reason is None else 1
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-    print(f"test accuracy ({report.test_examples} held-out examples): before {pct(report.test_before)}  "
-          f"after {pct(report.test_after)}  (best constant answer: {pct(report.test_baseline)})")
+    span = lambda i: "" if i is None else f" [{100 * i[0]:.1f}, {100 * i[1]:.1f}]"  # noqa: E731
+    print(f"test accuracy ({report.test_examples} held-out examples): before {pct(report.test_before)}"
+          f"{span(report.test_before_interval)}  after {pct(report.test_after)}{span(report.test_after_interval)}  "
+          f"(best constant answer: {pct(report.test_baseline)})")
+    if report.test_change is not None and report.test_change_interval is not None:
+        low, high = report.test_change_interval
+        print(f"change: {100 * report.test_change:+.1f} points, 95% interval [{100 * low:+.1f}, {100 * high:+.1f}] "
+              f"(paired over the same examples; brackets above: 95% intervals)")
     print(f"steps: {report.steps}  accepted: {report.accepted}  rejected: {report.rejected}")
     print(f"model calls: {report.calls} (+{report.cached_calls} cached)  "
           f"tokens: {report.prompt_tokens} prompt + {report.completion_tokens} completion")

@@ -28,9 +28,11 @@ from .aggregation import Aggregator
 from .data import Example
 from .datasets import bigbench
 from .guides import ExactMatchGuide
+from .ledger import RunDir
 from .llm.base import Model
 from .optimizers import DemoProposer, Optimizer
 from .parameters import Constraint, Demos, Parameter
+from .stats import paired_test, score_interval
 from .trainer import AggregatedUpdate
 
 __all__ = ["DemoReport", "FewShotAgent", "first_line", "majority_baseline", "run_demo"]
@@ -102,6 +104,28 @@ class DemoReport(BaseModel):
     initial_parameters: dict[str, Any]
     final_parameters: dict[str, Any]
     stopped_reason: str | None = None
+    # 95% intervals (Wilson's) of the test scores, and the paired change with its interval.
+    test_before_interval: tuple[float, float] | None = None
+    test_after_interval: tuple[float, float] | None = None
+    test_change: float | None = None
+    test_change_interval: tuple[float, float] | None = None
+
+
+def _test_intervals(run: RunDir) -> dict[str, Any]:
+    """The intervals of the first and the final test evaluation, and of their paired change."""
+    rows = run.evaluations()
+    first = {r["example_id"]: r.get("score") for r in rows if r.get("step") == 0 and not r.get("final")}
+    final = {r["example_id"]: r.get("score") for r in rows if r.get("final")}
+    found: dict[str, Any] = {}
+    for key, scores in (("test_before_interval", first), ("test_after_interval", final)):
+        interval = score_interval(list(scores.values()))
+        found[key] = (interval.low, interval.high) if interval else None
+    paired = [(first[k], final[k]) for k in first if first.get(k) is not None and final.get(k) is not None]
+    if paired:
+        change = paired_test([a for a, _ in paired], [b for _, b in paired])
+        found["test_change"] = change.difference
+        found["test_change_interval"] = (change.interval.low, change.interval.high)
+    return found
 
 
 def run_demo(
@@ -147,7 +171,9 @@ def run_demo(
         progress=progress,
     )
     usage = result.usage
+    intervals = _test_intervals(RunDir(run_dir))
     return DemoReport(
+        **intervals,
         model=model.name,
         task=task,
         seed=seed,

@@ -132,6 +132,11 @@ class DecisionEvent(_Event):
     validation: str | None = None
     stage: str | None = None  # MinibatchFirst: "minibatch" (rejected on the batch) or "dataset"
     rollouts_saved: int = 0  # validation rollouts a rejection on the batch did not need
+    # With a validation `alpha`: the paired test, its p-value, the mean difference and its 95% interval.
+    test: str | None = None
+    p_value: float | None = None
+    difference: float | None = None
+    difference_interval: tuple[float, float] | None = None
 
 
 class AppliedEvent(_Event):

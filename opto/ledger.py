@@ -39,6 +39,8 @@ class Checkpoint(BaseModel):
     no_update: int = 0
     train_scores: list[float | None] = Field(default_factory=list)
     test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
+    # The 95% interval of each test score: {step: [low, high]} (None: nothing was scored).
+    test_intervals: dict[int, list[float] | None] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False
     # The metrics line of the last step while its evaluation has not finished: a stop

@@ -62,13 +62,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     tests += [(m["step"], m["test_score"]) for m in finals if m.get("test_score") is not None]
     if checkpoint.get("test_scores"):
         tests = sorted({(int(s), v) for s, v in checkpoint["test_scores"] if v is not None})
+    intervals = {int(step): found for step, found in (checkpoint.get("test_intervals") or {}).items() if found}
+    for m in [*steps, *finals]:  # a run written before the checkpoint kept them: the metrics lines
+        if m.get("test_interval"):
+            intervals.setdefault(int(m["step"]), m["test_interval"])
     png = target / "report.png"
     title = f"opto run {run.path.resolve().name}"
     if tests:
         title += f": test score {tests[0][1]:.3f} \u2192 {tests[-1][1]:.3f}"
-    points, legend = _plot(png, steps, tests, title)
+    points, legend = _plot(png, steps, tests, title, intervals)
     markdown = target / "report.md"
-    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger()))
+    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger(), intervals))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
     screened = _screening(decisions)
@@ -174,7 +178,7 @@ def _decisions_by_step(ledger: list[dict[str, Any]]) -> dict[int, list[dict[str,
 
 
 def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
-          title: str) -> tuple[dict[str, int], list[str]]:
+          title: str, intervals: dict[int, list[float]]) -> tuple[dict[str, int], list[str]]:
     """Draw the learning curve; returns the points of each series and the legend's labels."""
     import matplotlib
 
@@ -191,6 +195,12 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
     if tests:
         ax.plot(*zip(*tests), "s--", color="tab:green", label="test score")
         points["test"] = len(tests)
+        bars = [(s, v, intervals[s]) for s, v in tests if s in intervals]
+        if bars:  # the 95% interval of each test score
+            ax.errorbar([s for s, _, _ in bars], [v for _, v, _ in bars],
+                        yerr=[[v - i[0] for _, v, i in bars], [i[1] - v for _, v, i in bars]],
+                        fmt="none", ecolor="tab:green", capsize=4, label="test score 95% interval")
+            points["test_intervals"] = len(bars)
     for outcome, marker, color, label in ((True, "^", "tab:green", "accepted"), (False, "x", "tab:red", "rejected")):
         marked = [(m["step"], m.get("candidate_score") if m.get("candidate_score") is not None else m.get("score"))
                   for m in steps if m.get("accepted") is outcome]
@@ -222,12 +232,14 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
 
 def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
               decisions: dict[int, list[dict[str, Any]]], checkpoint: dict[str, Any],
-              ledger: list[dict[str, Any]]) -> str:
+              ledger: list[dict[str, Any]], intervals: dict[int, list[float]]) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
     lines += [f"{len(steps)} steps, {state}.", ""]
     if tests:
-        lines += ["Test scores: " + ", ".join(f"step {s}: {v:.3f}" for s, v in tests), ""]
+        shown = [f"step {s}: {v:.3f}" + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
+                 for s, v in tests]
+        lines += ["Test scores (95% intervals in brackets): " + ", ".join(shown), ""]
     screened, out, saved = _screening(decisions)
     if screened:
         lines += [f"Minibatch-first: {out} of {screened} candidates lost on their batch and were not validated on "

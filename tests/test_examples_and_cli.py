@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import os
 import subprocess
 import zlib
@@ -45,7 +46,9 @@ def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, c
         requests = len(server.chat_requests)
     out = capsys.readouterr().out
     assert code == 0
-    assert "test accuracy (6 held-out examples): before 0.0%  after 100.0%" in out
+    assert re.search(r"test accuracy \(6 held-out examples\): before 0\.0% \[0\.0, \d+\.\d\]  "
+                     r"after 100\.0% \[\d+\.\d, 100\.0\]", out), out
+    assert re.search(r"change: \+100\.0 points, 95% interval \[\+100\.0, \+100\.0\]", out), out
     assert "best constant answer:" in out and "accepted:" in out and "final demos: " in out and "run dir:" in out
     assert requests > 10
     ledger = RunDir(tmp_path / "run").ledger()

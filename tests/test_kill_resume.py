@@ -111,7 +111,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]
     assert result.steps == 6 and result.accepted > 0 and result.rejected > 0  # not a trivial run
     assert [s for s, _ in result.test_scores] == [0, 4, 6]
     finals = [m for m in RunDir(run_dir).metrics() if m.get("final")]
-    assert finals == [{"step": 6, "final": True, "test_score": result.final_test_score}]
+    assert finals == [{"step": 6, "final": True, "test_score": result.final_test_score,
+                       "test_interval": list(result.final_test_interval)}]
     return run_dir, list(writes)
 
 

@@ -348,8 +348,10 @@ def test_a_langgraph_agent_is_trained_with_every_call_and_tool_in_its_ledger(lan
     agent_calls = sum(1 for found in rollouts for c in found.trace if "model" in c)
     assert agent_calls == served  # every request the server saw is in the ledger, once
     assert result.usage_by_model["fake-model"].calls == served
-    shown = brain.requests[0]["messages"][-1]["content"]
-    assert "## Call 1 (fake-model" in shown and "[reply] I cannot count." in shown
+    shown = [request["messages"][-1]["content"] for request in brain.requests]
+    assert "## Call 1 (fake-model" in shown[0] and "[reply] I cannot count." in shown[0]
+    # after the accepted step the optimizer sees the tool call and its result too
+    assert any("## Tool result (add" in text and "[input]" in text and "[tool calls]" in text for text in shown)
 
 
 def test_a_budget_stops_a_langgraph_run(langchain_traced, tmp_path):

@@ -28,10 +28,10 @@ def test_the_report_is_a_real_picture_and_a_table_of_steps(finished_run, tmp_pat
     assert image.shape[:2] == (450, 800)  # 8 x 4.5 inches at 100 dpi
     summary = write_report(finished_run, tmp_path)
     # 4 train scores, tests at 0, 2 and 4, 4 accepted steps, 4 token points
-    assert summary.plotted_points == {"train": 4, "test": 3, "accepted": 4, "tokens": 4}
+    assert summary.plotted_points == {"train": 4, "test": 3, "test_intervals": 3, "accepted": 4, "tokens": 4}
     # every drawn series has a legend entry, the twin axis's tokens line included
     assert summary.legend == ["train batch score", "test score", "accepted (candidate score)",
-                              "tokens so far (right axis)"]
+                              "test score 95% interval", "tokens so far (right axis)"]
     first, last = summary.first_test_score, summary.last_test_score
     assert summary.title == f"opto run {finished_run.name}: test score {first:.3f} \u2192 {last:.3f}" and first != last
     table = [line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| ")]

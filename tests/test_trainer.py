@@ -895,7 +895,8 @@ def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_th
     assert all(e["final"] is True for e in evaluations if e["step"] == 3)  # the final evaluation says so
     assert [e["score"] for e in evaluations if e["step"] == 3] == [1.0, 1.0, 0.0]
     final = RunDir(tmp_path).metrics()[-1]
-    assert final == {"step": 3, "final": True, "test_score": result.final_test_score}
+    assert final == {"step": 3, "final": True, "test_score": result.final_test_score,
+                     "test_interval": list(result.final_test_interval)}
     with pytest.raises(ValueError, match="training checkpoint, not saved values: load the run's agent.json"):
         fresh.load(tmp_path / "checkpoint.json")
 

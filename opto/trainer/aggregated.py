@@ -45,7 +45,7 @@ from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
 from .selection import START_ID, CandidatePool, check_objectives, check_selection
 from .trace_compat import InstanceOutput, TraceCompatible
-from .validation import DatasetValidation, Decision, Validation, ValidationContext, make_validation
+from .validation import DatasetValidation, Decision, Validation, ValidationContext, holm_corrected, make_validation
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
 
@@ -284,6 +284,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         # Candidates are validated at once; their events are added in candidate order.
         decisions = await gather_all(self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update))
                                      for c in candidates)
+        decisions = holm_corrected(decisions, getattr(self.validation, "alpha", None))
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
             for rollout in decision.screening_rollouts:

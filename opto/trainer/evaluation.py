@@ -15,6 +15,7 @@ from ..data import load_dataset
 from ..guides import Guide
 from ..parameters import Parameter
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
+from ..stats import Interval, score_interval
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, check_failures, validate_max_failures
 
 __all__ = ["EvalResult", "aevaluate", "evaluate"]
@@ -30,6 +31,8 @@ class EvalResult(BaseModel):
     n_failed: int
     scores: list[float | None]
     outputs: list[Any]
+    # A 95% interval of `mean` (Wilson's for 0/1 scores, else a seeded bootstrap over examples).
+    interval: Interval | None = None
     rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
 
     @classmethod
@@ -38,6 +41,7 @@ class EvalResult(BaseModel):
         judged = [s for s in scores if s is not None]
         return cls(
             mean=mean_score(rollouts),
+            interval=score_interval(scores),
             std=float(np.std(judged)) if judged else None,
             n=len(rollouts),
             n_failed=sum(r.failed for r in rollouts),

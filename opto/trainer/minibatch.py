@@ -79,12 +79,14 @@ class StepOutcome(BaseModel):
 class TrainResult(BaseModel):
     """What a `train` call did: scores, decisions, usage and the final values.
 
-    `test_scores` are `(step, mean)` pairs, step 0 being before any update.
+    `test_scores` are `(step, mean)` pairs, step 0 being before any update;
+    `test_intervals` their 95% intervals, {step: (low, high)} (`opto.stats.score_interval`).
     `stopped_reason` is None for a run that finished, else why it stopped early.
     """
 
     train_scores: list[float | None] = Field(default_factory=list)
     test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
+    test_intervals: dict[int, tuple[float, float] | None] = Field(default_factory=dict)
     steps: int = 0
     accepted: int = 0
     rejected: int = 0
@@ -103,6 +105,14 @@ class TrainResult(BaseModel):
     @property
     def final_test_score(self) -> float | None:
         return self.test_scores[-1][1] if self.test_scores else None
+
+    @property
+    def initial_test_interval(self) -> tuple[float, float] | None:
+        return self.test_intervals.get(self.test_scores[0][0]) if self.test_scores else None
+
+    @property
+    def final_test_interval(self) -> tuple[float, float] | None:
+        return self.test_intervals.get(self.test_scores[-1][0]) if self.test_scores else None
 
     @property
     def cost_usd(self) -> float:
@@ -287,6 +297,7 @@ class Minibatch:
             if run is not None:
                 run.log_evaluation(ctx.step, result.rollouts, final=final)
             observers.call("on_evaluate_end", ctx.step, result)
+            state.test_intervals[ctx.step] = [result.interval.low, result.interval.high] if result.interval else None
             return result.mean
 
         async def finish_step(ctx: StepContext) -> None:
@@ -345,7 +356,8 @@ class Minibatch:
                         state.test_scores.pop()  # measured before the final values were chosen
                     state.test_scores.append((state.step, final))
                     state.final_evaluations.append(state.step)
-                    state.pending_metrics = {"step": state.step, "final": True, "test_score": final}
+                    state.pending_metrics = {"step": state.step, "final": True, "test_score": final,
+                                             "test_interval": state.test_intervals.get(state.step)}
                     if run is not None:  # the evaluation is kept before its line is written
                         run.save_checkpoint(state)
                     self._save(run, state, started)
@@ -449,6 +461,8 @@ class Minibatch:
                 **metrics,
                 "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step
                 else None,
+                "test_interval": state.test_intervals.get(state.step)
+                if state.test_scores and state.test_scores[-1][0] == state.step else None,
                 "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
                 "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
             }
@@ -459,6 +473,7 @@ class Minibatch:
         return TrainResult(
             train_scores=state.train_scores,
             test_scores=state.test_scores,
+            test_intervals={step: tuple(found) if found else None for step, found in state.test_intervals.items()},
             steps=state.step,
             accepted=state.accepted,
             rejected=state.rejected,

@@ -13,6 +13,7 @@ from ..agent import Agent
 from ..data import Example, load_dataset
 from ..guides import Guide
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
+from ..stats import holm, paired_test
 
 __all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
 
@@ -36,6 +37,11 @@ class Decision(BaseModel):
     current_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
     # The candidate's rollouts on the step's batch when it was screened there first.
     screening_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # With `alpha`: the paired test of "not better" on the examples both were scored on.
+    test: str | None = None
+    p_value: float | None = None
+    difference: float | None = None
+    difference_interval: tuple[float, float] | None = None
 
 
 class ValidationContext(BaseModel):
@@ -65,10 +71,14 @@ class Validation:
         """The fewest agent runs this policy makes in one step (for the budget check)."""
         return 0
 
-    @staticmethod
-    def compare(candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
+    alpha: float | None = None
+
+    def compare(self, candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
                 ) -> Decision:
-        """Accept only a strict improvement over current + threshold (a tie is rejected).
+        """Accept only a strict improvement over current + threshold (a tie is rejected);
+        with `alpha`, also only one that a one-sided paired test finds significant
+        (`opto.stats.paired_test`: the exact sign test for 0/1 scores, a paired bootstrap
+        for graded ones).
 
         A candidate under which more examples fail (the agent or guide raised) is
         rejected whatever its mean: with `min_score=None` failures are left out of
@@ -87,9 +97,26 @@ class Validation:
             accepted = candidate_score > current_score + threshold
             relation = ">" if accepted else "<="
             reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
-        return Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
-                        candidate_score=candidate_score, reason=reason, rollouts=list(candidate),
-                        current_rollouts=list(current))
+        decision = Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
+                            candidate_score=candidate_score, reason=reason, rollouts=list(candidate),
+                            current_rollouts=list(current))
+        return self._significance(decision, current, candidate) if self.alpha is not None else decision
+
+    def _significance(self, decision: Decision, current: Sequence[Rollout], candidate: Sequence[Rollout]) -> Decision:
+        """The decision with the paired test's verdict: a win that is not significant is rejected."""
+        before = {r.example_id: r.score for r in current}
+        pairs = [(before[r.example_id], r.score) for r in candidate
+                 if r.score is not None and before.get(r.example_id) is not None]
+        if not pairs:
+            return decision
+        found = paired_test([a for a, _ in pairs], [b for _, b in pairs])  # type: ignore[misc]
+        significant = found.p_value <= self.alpha  # type: ignore[operator]
+        verdict = (f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
+                   f"difference {found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}]")
+        return decision.model_copy(update={
+            "accepted": decision.accepted and significant, "reason": f"{decision.reason}; {verdict}",
+            "test": found.test, "p_value": found.p_value, "difference": found.difference,
+            "difference_interval": (found.interval.low, found.interval.high)})
 
 
 class NoValidation(Validation):
@@ -103,9 +130,16 @@ class NoValidation(Validation):
 
 
 class MinibatchValidation(Validation):
-    """Re-run the step's batch with the candidate; the current scores are reused."""
+    """Re-run the step's batch with the candidate; the current scores are reused.
+
+    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
+    one-sided paired test on the batch finds significant at that level.
+    """
 
     name = "minibatch"
+
+    def __init__(self, alpha: float | None = None) -> None:
+        self.alpha = check_alpha(alpha)
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
         return batch_size * candidates
@@ -119,13 +153,18 @@ class MinibatchValidation(Validation):
 class DatasetValidation(Validation):
     """Compare candidate and current values on a fixed validation dataset.
 
+    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
+    one-sided paired test on the validation examples finds significant (with several
+    candidates in a step, after Holm's correction for their number).
+
     The current values' score is computed once per distinct set of values and reused,
     also by candidates validated at the same time.
     """
 
     name = "dataset"
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, alpha: float | None = None) -> None:
+        self.alpha = check_alpha(alpha)
         self.examples: list[Example] = load_dataset(dataset)
         self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
 
@@ -162,7 +201,8 @@ class MinibatchFirst(DatasetValidation):
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         screened = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
                                           timeout=ctx.rollout_timeout)
-        first = self.compare(candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold)
+        first = MinibatchValidation().compare(candidate_id, ctx.current_rollouts, screened,
+                                   ctx.improvement_threshold)  # the screen: any strict win goes on
         if not first.accepted:
             return first.model_copy(update={
                 "stage": "minibatch", "rollouts_saved": len(self.examples), "rollouts": [],
@@ -172,6 +212,28 @@ class MinibatchFirst(DatasetValidation):
         full = await super().decide(ctx, candidate_id, update)
         return full.model_copy(update={"stage": "dataset", "screening_rollouts": screened,
                                        "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}"})
+
+
+def holm_corrected(decisions: list[Decision], alpha: float | None) -> list[Decision]:
+    """With several tested candidates in one step, keep only the acceptances that survive
+    Holm's correction for their number (a family-wise level of `alpha`)."""
+    tested = [i for i, d in enumerate(decisions) if d.p_value is not None]
+    if alpha is None or len(tested) < 2:
+        return decisions
+    keep = holm([decisions[i].p_value for i in tested], alpha)  # type: ignore[misc]
+    found = list(decisions)
+    for index, survives in zip(tested, keep):
+        if found[index].accepted and not survives:
+            found[index] = found[index].model_copy(update={
+                "accepted": False,
+                "reason": f"{found[index].reason}; not significant after Holm's correction for {len(tested)} candidates"})
+    return found
+
+
+def check_alpha(alpha: float | None) -> float | None:
+    if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be a significance level in (0, 1), e.g. 0.05, or None; got {alpha!r}")
+    return alpha
 
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:

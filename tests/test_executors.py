@@ -4,7 +4,6 @@ budgets, rate limits, shipping errors and logs, without Ray (milliseconds each).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import pickle
 import random

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -97,7 +96,6 @@ def test_with_several_candidates_holm_corrects_for_their_number(tmp_path):
     def each_level(messages: list[dict[str, Any]]) -> str:
         return json.dumps({"suggestion": {"system_prompt": "level 8"}})
 
-    from opto import Aggregator, ScriptedModel
 
     # two candidates, both level 8 on 8 validation examples: 8 wins of 8, p = 1/256 each
     trainer, *_ = world.make_level_trainer(level=0, validation=DatasetValidation(world.dataset(range(8)), alpha=0.05),

@@ -32,7 +32,7 @@ from .ledger import RunDir
 from .llm.base import Model
 from .optimizers import DemoProposer, Optimizer
 from .parameters import Constraint, Demos, Parameter
-from .stats import paired_test, score_interval
+from .stats import paired_test
 from .trainer import AggregatedUpdate
 
 __all__ = ["DemoReport", "FewShotAgent", "first_line", "majority_baseline", "run_demo"]
@@ -111,21 +111,17 @@ class DemoReport(BaseModel):
     test_change_interval: tuple[float, float] | None = None
 
 
-def _test_intervals(run: RunDir) -> dict[str, Any]:
-    """The intervals of the first and the final test evaluation, and of their paired change."""
+def _test_change(run: RunDir) -> dict[str, Any]:
+    """The paired change between the first and the final test evaluation, with its interval
+    (the per-example scores are in eval.jsonl; each score's own interval is in `TrainResult`)."""
     rows = run.evaluations()
     first = {r["example_id"]: r.get("score") for r in rows if r.get("step") == 0 and not r.get("final")}
     final = {r["example_id"]: r.get("score") for r in rows if r.get("final")}
-    found: dict[str, Any] = {}
-    for key, scores in (("test_before_interval", first), ("test_after_interval", final)):
-        interval = score_interval(list(scores.values()))
-        found[key] = (interval.low, interval.high) if interval else None
     paired = [(first[k], final[k]) for k in first if first.get(k) is not None and final.get(k) is not None]
-    if paired:
-        change = paired_test([a for a, _ in paired], [b for _, b in paired])
-        found["test_change"] = change.difference
-        found["test_change_interval"] = (change.interval.low, change.interval.high)
-    return found
+    if not paired:
+        return {}
+    change = paired_test([a for a, _ in paired], [b for _, b in paired])
+    return {"test_change": change.difference, "test_change_interval": (change.interval.low, change.interval.high)}
 
 
 def run_demo(
@@ -171,9 +167,10 @@ def run_demo(
         progress=progress,
     )
     usage = result.usage
-    intervals = _test_intervals(RunDir(run_dir))
     return DemoReport(
-        **intervals,
+        **_test_change(RunDir(run_dir)),
+        test_before_interval=result.initial_test_interval,
+        test_after_interval=result.final_test_interval,
         model=model.name,
         task=task,
         seed=seed,

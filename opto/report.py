@@ -54,9 +54,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     target = Path(out) if out is not None else run.path
     if not target.is_dir():
         raise FileNotFoundError(f"--out {target} is not a folder; create it first")
-    steps = [m for m in read_jsonl(run.metrics_path) if not m.get("final")]
-    finals = [m for m in read_jsonl(run.metrics_path) if m.get("final")]
-    decisions = _decisions_by_step(run.ledger())
+    metrics = read_jsonl(run.metrics_path)
+    steps = [m for m in metrics if not m.get("final")]
+    finals = [m for m in metrics if m.get("final")]
+    ledger = run.ledger()  # read once: the decisions, the markdown and the pool all come from it
+    decisions = _decisions_by_step(ledger)
+    screened = _screening(decisions)
     checkpoint = _checkpoint(run)
     tests = [(m["step"], m["test_score"]) for m in steps if m.get("test_score") is not None]
     tests += [(m["step"], m["test_score"]) for m in finals if m.get("test_score") is not None]
@@ -72,11 +75,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         title += f": test score {tests[0][1]:.3f} \u2192 {tests[-1][1]:.3f}"
     points, legend = _plot(png, steps, tests, title, intervals)
     markdown = target / "report.md"
-    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, run.ledger(), intervals))
+    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
-    screened = _screening(decisions)
-    pool = [r for r in run.ledger() if r.get("type") == "pool"]
+    pool = [r for r in ledger if r.get("type") == "pool"]
     lineage = _lineage(target / "lineage.png", pool, decisions) if pool else None
     costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None]
     if costed:
@@ -232,7 +234,8 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
 
 def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
               decisions: dict[int, list[dict[str, Any]]], checkpoint: dict[str, Any],
-              ledger: list[dict[str, Any]], intervals: dict[int, list[float]]) -> str:
+              ledger: list[dict[str, Any]], intervals: dict[int, list[float]],
+              screening: tuple[int, int, int]) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
     lines += [f"{len(steps)} steps, {state}.", ""]
@@ -240,7 +243,7 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
         shown = [f"step {s}: {v:.3f}" + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
                  for s, v in tests]
         lines += ["Test scores (95% intervals in brackets): " + ", ".join(shown), ""]
-    screened, out, saved = _screening(decisions)
+    screened, out, saved = screening
     if screened:
         lines += [f"Minibatch-first: {out} of {screened} candidates lost on their batch and were not validated on "
                   f"the dataset, saving {saved} validation rollouts.", ""]

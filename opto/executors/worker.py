@@ -42,7 +42,7 @@ class RolloutTask:
     sampling: Sampling | None = None
 
 
-def _load(digest: str, blob: Any) -> tuple[Any, Any, Any]:
+def _load(digest: str, blob: bytes) -> tuple[Any, Any, Any]:
     """The agent, guide and run budgets of a shipment, unpickled once per process and kept for the next tasks."""
     with _LOADED_LOCK:
         if digest in _LOADED:
@@ -50,8 +50,7 @@ def _load(digest: str, blob: Any) -> tuple[Any, Any, Any]:
             return _LOADED[digest]
     import cloudpickle
 
-    data = blob() if callable(blob) else blob
-    loaded = cloudpickle.loads(data)
+    loaded = cloudpickle.loads(blob)
     with _LOADED_LOCK:
         _LOADED[digest] = loaded
         while len(_LOADED) > _KEEP_LOADED:
@@ -84,9 +83,9 @@ class _Collect(logging.Handler):
 _HANDLER = _Collect(logging.WARNING)
 
 
-async def aexecute(blob: Any, task: RolloutTask) -> dict[str, Any]:
-    """Run one task; `blob` is the pickled (agent, guide) or a function returning it
-    (called only when this process has not loaded that shipment yet)."""
+async def aexecute(blob: bytes, task: RolloutTask) -> dict[str, Any]:
+    """Run one task; `blob` is the pickled shipment, unpickled only when this process has
+    not loaded it yet."""
     agent, guide, budgets = _load(task.digest, blob)
     root = logging.getLogger()
     if _HANDLER not in root.handlers:
@@ -114,6 +113,6 @@ async def aexecute(blob: Any, task: RolloutTask) -> dict[str, Any]:
     return result
 
 
-def execute(blob: Any, task: RolloutTask) -> dict[str, Any]:
+def execute(blob: bytes, task: RolloutTask) -> dict[str, Any]:
     """`aexecute` from sync code (a Ray task, a thread)."""
     return asyncio.run(aexecute(blob, task))

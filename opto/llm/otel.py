@@ -72,7 +72,6 @@ class OtelTracing:
         self._owners: dict[int, _Owner | None] = {}  # span id -> owner (None: opto records it itself)
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self.recorded = 0  # LLM spans taken in (for tests and curiosity)
         self.skipped = 0  # spans left out: recorded by opto itself, or unreadable
 
     # The SpanProcessor protocol -------------------------------------------------------
@@ -141,7 +140,6 @@ class OtelTracing:
             if error:
                 call["error"] = error
             owner.trace.append(call)
-        self.recorded += 1
 
     def close(self) -> None:
         """Remove the processor: the provider's processors are again exactly what they were."""

@@ -89,11 +89,10 @@ class RateLimiter:
     def record_actual(self, handle: Any, tokens: int) -> None:
         if handle is None:
             return
-        if self._link is not None:
-            if isinstance(handle, int):  # a coordinator's handle (one made here before attaching is local)
-                self._link.send("record_actual", self._key, handle, tokens)
-                return
-        _TokenWindow.correct(handle, tokens)
+        if self._link is not None and isinstance(handle, int):  # a coordinator's (one made before attaching is local)
+            self._link.send("record_actual", self._key, handle, tokens)
+        else:
+            _TokenWindow.correct(handle, tokens)
 
     def attach(self, link: Link, key: str) -> None:
         """Let a coordinator (which holds a copy of these limits) decide when requests go."""

@@ -65,8 +65,7 @@ class LocalLink:
 class FakeCluster:
     """A backend whose `workers` run tasks in threads of this process.
 
-    Counters for tests: `submitted` (tasks started, attempts included), `cancelled`,
-    `loaded` (times a worker unpickled a shipment).
+    Counters for tests: `submitted` (tasks started, attempts included) and `cancelled`.
     """
 
     def __init__(self, workers: int = 2, faults: Fault | None = None) -> None:
@@ -78,7 +77,6 @@ class FakeCluster:
         self._lock = threading.Lock()
         self.submitted = 0
         self.cancelled = 0
-        self.loaded = 0
 
     def capacity(self) -> int:
         return self.workers
@@ -108,12 +106,7 @@ class FakeCluster:
         if fault is not None:
             raise ValueError(f"unknown fault {fault!r}: use None, 'crash', 'node' or 'hang'")
 
-        def blob() -> bytes:
-            with self._lock:
-                self.loaded += 1
-            return stored.blob
-
-        return loop.run_in_executor(self._pool, execute, blob, task)
+        return loop.run_in_executor(self._pool, execute, stored.blob, task)
 
     async def result(self, handle: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         try:

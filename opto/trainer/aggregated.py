@@ -229,11 +229,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     async def _decide(self, rollouts: list[Rollout], proposals: list[Proposal], ctx: StepContext) -> StepRecord:
         """Candidates from the proposals, a decision on each, and the best accepted one applied."""
-        record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
-        record.score = mean_score(rollouts)
         candidates = await self._candidates(proposals, ctx)
         usable = [c for c in candidates if c.update]
         if not usable:
+            record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
+            record.score = mean_score(rollouts)
             record.note = "no candidate: " + _why_none(proposals, candidates)
             ctx.emit(DecisionEvent(step=ctx.step, reason=record.note))
             return record

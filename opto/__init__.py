@@ -10,7 +10,7 @@ from .callbacks import Callback
 from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
 from .collect import CollectResult, acollect, collect
 from .data import DataLoader, DatasetError, Example, load_dataset
-from .errors import OptoError
+from .errors import OptoError, RunDirError, RunDirWriteError
 from .events import LEDGER_VERSION, LedgerEvent, StepRecord
 from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 from .ledger import RunDir
@@ -80,6 +80,8 @@ __all__ = [
     "Model",
     "OpenAIModel",
     "OptoError",
+    "RunDirError",
+    "RunDirWriteError",
     "Optimizer",
     "Parameter",
     "ParameterError",

@@ -1,4 +1,9 @@
-"""Crash-safe file writes: whole files by rename, appends by fsync, torn tails repaired."""
+"""Crash-safe file writes: whole files by rename, appends by fsync, torn tails repaired.
+
+Both kinds are all-or-nothing: a whole-file write that fails leaves the old file, and an
+append that fails (ENOSPC, EIO, at any byte) is cut back to where it began, so a reader
+never sees part of a failed write as records.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ __all__ = [
     "atomic_write_text",
     "json_key",
     "read_jsonl",
+    "remove_stale_temp_files",
     "repair_jsonl",
     "to_json_line",
 ]
@@ -30,17 +36,42 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a file so that readers see the old or the new content, never a torn one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            _write(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def remove_stale_temp_files(path: str | Path) -> list[Path]:
+    """Remove the temp files an interrupted `atomic_write_*` of `path` left (a `kill -9`
+    between writing and renaming); returns those removed."""
+    path = Path(path)
+    removed = []
+    for stale in path.parent.glob(f"{_temp_prefix(path)}*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+            removed.append(stale)
+    return removed
+
+
+def _write(fd: int, data: bytes) -> None:
+    """Write all of `data` and fsync: the one place run files are written (unbuffered, so
+    nothing of a failed write is flushed later; tests make it fail on purpose)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
 
 
 def to_json_line(value: Any, *, indent: int | None = None) -> str:
@@ -77,19 +108,37 @@ def atomic_write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
 
 
 def append_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
-    """Append whole lines and fsync, so a crash loses at most a torn last line.
+    """Append whole lines and fsync: all of them, or (on any error) none.
 
-    A torn last line left by an earlier crash is cut off first, so the new records
-    never get glued onto it.
+    A failed append is cut back to the file's size before it, so no part of it can be
+    read as records; a crash (no chance to cut back) leaves at most a torn last line,
+    which the next append, or `repair_jsonl`, cuts off first, so new records never get
+    glued onto it.
     """
     if not records:
         return
-    text = _jsonl(records)
+    data = _jsonl(records).encode("utf-8")
     repair_jsonl(path)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            _write(fd, data)
+        except BaseException:
+            _cut_back(fd, start, path)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _cut_back(fd: int, size: int, path: str | Path) -> None:
+    """Undo a failed append; if even that fails, the caller's record of what is written
+    (the run's checkpoint) must not count it, and `repair_jsonl` handles a torn tail."""
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError as exc:
+        logger.error("%s: could not cut back a failed append (%s); its partial records stay until resume", path, exc)
 
 
 def repair_jsonl(path: str | Path) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import atomic_write_json
-from .parameters import Parameter, assign
+from .parameters import Parameter, ParameterError, assign
 
 __all__ = ["Agent", "agent"]
 
@@ -135,7 +135,12 @@ class Agent:
                 f"{path} is a training checkpoint, not saved values: load the run's agent.json "
                 f"({Path(path).with_name('agent.json')}), which holds the values the run ended with"
             )
-        self.apply(values)
+        try:
+            self.apply(values)
+        except KeyError as exc:
+            raise KeyError(f"{path}: {exc.args[0]}") from None
+        except ParameterError as exc:
+            raise ParameterError(f"{path}: {exc}; nothing was changed") from None
 
 
 def _spread(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import opto
 import opto.ledger
 from opto import AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, RunDir, ScriptedModel
 from opto._io import to_json_line
@@ -150,3 +151,66 @@ def test_killed_at_any_write_and_resumed_loses_and_doubles_nothing(reference, tm
         finished = contents(run_dir)
         train(run_dir, resume=True)  # and once more: a finished run stays as it is
         assert contents(run_dir) == finished, where
+
+
+@contextmanager
+def write_fails(at: int, fraction: float, lasting: bool = False) -> Iterator[list[int]]:
+    """The `at`-th write of a run file (append or whole-file) writes `fraction` of its bytes
+    and then fails as a full disk does (at 1.0: all bytes, then fsync fails with EIO); the
+    writes before it succeed, and those after it too unless the failure is `lasting`."""
+    import errno
+
+    import opto._io
+
+    original = opto._io._write
+    count = [0]
+
+    def write(fd: int, data: bytes) -> None:
+        count[0] += 1
+        if count[0] < at or (count[0] > at and not lasting):
+            return original(fd, data)
+        os.write(fd, data[: int(len(data) * fraction)])
+        if fraction >= 1.0:
+            raise OSError(errno.EIO, "Input/output error")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    opto._io._write = write
+    try:
+        yield count
+    finally:
+        opto._io._write = original
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0], ids=["at-its-first-byte", "half-way", "at-fsync"])
+def test_a_failed_write_at_any_point_leaves_the_step_owed_and_resume_equals_an_uninterrupted_run(
+        reference, tmp_path, fraction):
+    expected = what_happened(reference[0])
+    with write_fails(at=0, fraction=0.0) as counted:
+        train(tmp_path / "count")
+    total = counted[0]
+    assert total > 40
+    for at in range(1, total + 1):
+        run_dir = tmp_path / f"fail-{at}"
+        with write_fails(at, fraction), pytest.raises(opto.RunDirWriteError) as failed:
+            train(run_dir)
+        assert run_dir.name in str(failed.value) and "resume=True" in str(failed.value)
+        result = train(run_dir, resume=True)
+        where = f"write {at} of {total} failed ({fraction:.0%} written)"
+        assert result.stopped_reason is None, where
+        assert what_happened(run_dir) == expected, where
+
+
+def test_a_disk_that_stays_full_stops_the_run_and_resume_after_it_is_freed_equals_an_uninterrupted_run(
+        reference, tmp_path):
+    expected = what_happened(reference[0])
+    for at in range(1, 66, 4):
+        run_dir = tmp_path / f"full-{at}"
+        with write_fails(at, 0.5, lasting=True), pytest.raises(opto.RunDirWriteError):
+            train(run_dir)
+        if (run_dir / "checkpoint.json").exists():
+            saved = json.loads((run_dir / "checkpoint.json").read_text())
+            ledger_steps = [r["step"] for r in RunDir(run_dir).ledger()]
+            assert sum(1 for s in ledger_steps if s <= saved["step"]) == saved["ledger_records"], at
+        result = train(run_dir, resume=True)
+        assert result.stopped_reason is None, at
+        assert what_happened(run_dir) == expected, f"the disk filled at write {at}"

@@ -382,3 +382,20 @@ def test_json_values_round_trip_through_a_checkpoint(tmp_path):
     agent.a.value = {}
     agent.load(tmp_path / "v.json")
     assert agent.a.value == {"list": [1, 2.5, "x", None, True, {"n": []}], "emoji": "\U0001F600"}
+
+
+def test_loading_a_damaged_values_file_names_the_file_and_changes_nothing(tmp_path):
+    from opto import Agent
+
+    class Holder(Agent):
+        def __init__(self):
+            self.prompt = Parameter("be brief")
+
+    agent = Holder()
+    (tmp_path / "agent.json").write_text('{"prompt": 42}')
+    with pytest.raises(ParameterError, match=r"agent\.json: prompt: expected a str, got int 42; nothing was changed"):
+        agent.load(tmp_path / "agent.json")
+    (tmp_path / "agent.json").write_text('{"promt": "x"}')
+    with pytest.raises(KeyError, match=r"agent\.json: .*no parameter 'promt'"):
+        agent.load(tmp_path / "agent.json")
+    assert agent.prompt.value == "be brief"

@@ -12,7 +12,7 @@ from typing import Any
 from .cache import ResponseCache, request_key
 from .prices import known_price
 from .sampling import current_sampling
-from .tracing import record_call
+from .tracing import record_call, recorded_by_opto
 from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, validate_messages
 from .usage import (
     Budget,
@@ -187,7 +187,8 @@ class Model(ABC):
             prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
             reservations = await areserve_all(budgets, prompt_estimate, self.price)
         try:
-            fresh = await self._generate(messages, **kwargs)
+            with recorded_by_opto():  # any backend: an OpenTelemetry span opened inside is not counted again
+                fresh = await self._generate(messages, **kwargs)
         except BaseException:
             settle_all(budgets, reservations, None, self.price)  # not awaited: this may be a cancellation
             raise

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .prices import known_price
+from .reported import reported_usage
 from .tracing import record_call, recorded_by_opto
 from .types import Completion, TokenUsage, content_text, tool_calls_of, validate_messages
 from .usage import (
@@ -168,8 +169,8 @@ def _usage_of(response: Any) -> TokenUsage:
     usage = getattr(response, "usage", None)
     if usage is None:
         return TokenUsage()
-    return TokenUsage(prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-                      completion_tokens=getattr(usage, "completion_tokens", 0) or 0)
+    return reported_usage(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None),
+                          source="an instrumented client's responses")
 
 
 def _plain(message: Any) -> Any:

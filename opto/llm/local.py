@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 
 from .base import Model
 from .errors import LLMError, LLMRequestError
+from .reported import reported_usage
 from .types import Completion, Message, TokenUsage
 
 __all__ = ["LocalModel", "default_model_path"]
@@ -161,13 +163,15 @@ class LocalModel(Model):
         for sample in range(n):
             if seed is not None:
                 kwargs["seed"] = seed + sample
-            reply = await loop.run_in_executor(self._worker, self._chat, kwargs)
+            # In the caller's context, so what runs there (a span, a trace) knows whose call it is.
+            reply = await loop.run_in_executor(self._worker, contextvars.copy_context().run, self._chat, kwargs)
             choice = reply["choices"][0]
             texts.append(choice["message"].get("content") or "")
             reasons.append(choice.get("finish_reason"))
             usage = reply.get("usage") or {}
-            prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
-            completion_tokens += usage.get("completion_tokens", 0)
+            reported = reported_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), source="llama.cpp")
+            prompt_tokens = reported.prompt_tokens or prompt_tokens
+            completion_tokens += reported.completion_tokens
         return Completion(
             texts=texts,
             finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),

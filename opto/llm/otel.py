@@ -36,7 +36,8 @@ from typing import Any
 
 from .prices import known_price
 from .tracing import current_trace, is_recorded_by_opto
-from .types import TokenUsage, ToolCall
+from .reported import reported_usage
+from .types import ToolCall
 from .usage import Budget, UsageMeter, cost_of, current_meters, run_budgets
 
 __all__ = ["OtelTracing", "trace_otel"]
@@ -127,8 +128,8 @@ class OtelTracing:
     def _take_call(self, owner: _Owner, attributes: Mapping[str, Any], span: Any) -> None:
         call = _openinference_call(attributes) if "openinference.span.kind" in attributes else _genai_call(attributes)
         model = call["model"]
-        usage = TokenUsage(prompt_tokens=int(call.pop("prompt_tokens") or 0),
-                           completion_tokens=int(call.pop("completion_tokens") or 0))
+        usage = reported_usage(call.pop("prompt_tokens"), call.pop("completion_tokens"),
+                               source="OpenTelemetry spans")
         price = known_price(model)
         cost = cost_of(usage, price)
         for meter in owner.meters:

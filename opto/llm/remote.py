@@ -17,7 +17,7 @@ from .errors import LLMRequestError, LLMUnavailableError, describe_error
 from .ratelimit import RateLimiter
 from .redaction import redact
 from .retry import backoff_delay, retry_after_delay, retry_after_seconds
-from .tracing import recorded_by_opto
+from .reported import reported_tokens
 from .types import Completion, Message, TokenUsage, tool_calls_of
 from .usage import estimate_tokens
 
@@ -189,8 +189,7 @@ class RemoteChatModel(Model):
                 async with self._semaphore:
                     # Inside the slot, so the rate limits count requests when they are sent.
                     handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
-                    with recorded_by_opto():  # an OpenTelemetry span of this request is not counted again
-                        reply = await client.post(params)
+                    reply = await client.post(params)
                 completion = self._to_completion(reply, estimate)
                 self._limits.record_actual(handle, completion.usage.total_tokens)
                 return completion
@@ -241,11 +240,13 @@ class RemoteChatModel(Model):
         calls = [tool_calls_of(choice.get("message") or {}) for choice in choices]
         reasons = [choice.get("finish_reason") for choice in choices]
         sampled = [_token_logprobs(choice) for choice in choices]
-        usage = body.get("usage") or {}
-        if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
-            tokens = TokenUsage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage.get("completion_tokens") or 0)
-        else:
-            tokens = TokenUsage(prompt_tokens=prompt_estimate, completion_tokens=sum(map(estimate_tokens, texts)))
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        source = f"{self.name}'s replies"
+        prompt = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
+        completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
+        # A count missing or invalid is estimated, so a reply cannot make a call free.
+        tokens = TokenUsage(prompt_tokens=prompt_estimate if prompt is None else prompt,
+                            completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion)
         return Completion(
             texts=texts,
             finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),

@@ -27,12 +27,16 @@ _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
 class TokenUsage(BaseModel):
-    """Tokens a call used, as reported by the backend (estimated where it reports none)."""
+    """Tokens a call used, as reported by the backend (estimated where it reports none).
 
-    model_config = ConfigDict(frozen=True)
+    Counts are whole numbers >= 0 (anything else is a `ValidationError`); counts read
+    from outside go through `opto.llm.reported.reported_usage`, which ignores bad ones.
+    """
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
 
     @property
     def total_tokens(self) -> int:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .errors import BudgetExceeded
 from .shared_limits import Link, current_hub
@@ -32,11 +32,11 @@ class Price(BaseModel):
 class UsageStats(BaseModel):
     """What a model has used so far. `cached_calls` cost nothing and are not in the token counts."""
 
-    calls: int = 0
-    cached_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
+    calls: int = Field(default=0, ge=0)
+    cached_calls: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0)
 
     @property
     def total_tokens(self) -> int:

@@ -22,6 +22,7 @@ from ..guides import Guide
 from ..callbacks import Callback, CallbackList, deliver_step
 from ..events import LedgerEvent, StepRecord
 from ..ledger import Checkpoint, RunDir, RunDirWriter
+from .resume import open_run
 from ..llm.errors import BudgetExceeded
 from ..rollout import AsyncioExecutor, RolloutExecutor
 from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
@@ -33,10 +34,6 @@ from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validat
 __all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
 
 logger = logging.getLogger(__name__)
-
-# Settings a resumed run must share with the run it continues.
-_RESUME_KEYS = ("batch_size", "seed", "shuffle", "num_examples")
-
 
 class StepContext(BaseModel):
     """What one step needs besides its batch."""
@@ -275,10 +272,13 @@ class Minibatch:
         observers = CallbackList(callbacks or [])
         self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
-        writer = RunDirWriter(run) if run is not None else None
         state = self._start_state(run, resume, loader, config)
+        writer = RunDirWriter(run, written=len(run.ledger())) if run is not None else None
         if not state.initial_parameters:
             state.initial_parameters = self.agent.stored_values()
+            state.parameters = dict(state.initial_parameters)
+            if writer is not None:  # first of all: a folder with run files always has a checkpoint
+                writer.save_checkpoint(state)
         self.load_state_dict(state.trainer_state)
         prior_usage = dict(state.usage)
         observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
@@ -301,11 +301,13 @@ class Minibatch:
             return result.mean
 
         async def finish_step(ctx: StepContext) -> None:
-            """Evaluate if due, then write the step's metrics line: the step is done."""
-            if test is not None and eval_frequency and state.step % eval_frequency == 0:
+            """Evaluate if due (and not done before an interrupted write), then write the
+            step's metrics line: the step is done."""
+            due = test is not None and eval_frequency and state.step % eval_frequency == 0
+            if due and not (state.test_scores and state.test_scores[-1][0] == state.step):
                 state.test_scores.append((state.step, await evaluate_now(ctx)))
             state.usage = _merge_usage(prior_usage, meter.by_model)
-            self._save(run, state, started)
+            self._save(writer, state, started)
 
         self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
         stopped: str | None = None
@@ -317,8 +319,10 @@ class Minibatch:
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
                     state.test_scores.append((0, await evaluate_now(context(0, 0))))
+                    if writer is not None:
+                        writer.save_checkpoint(state)
                 if state.pending_metrics is not None and state.pending_metrics.get("final"):
-                    self._save(run, state, started)  # resumed after the final evaluation, before its line
+                    self._save(writer, state, started)  # resumed after the final evaluation, before its line
                 elif state.pending_metrics is not None:  # resumed inside the evaluation after a step
                     await finish_step(context(state.step, state.epoch))
                 for epoch, _, batch in loader.iter_batches(num_epochs):
@@ -337,7 +341,7 @@ class Minibatch:
                     state.usage = _merge_usage(prior_usage, meter.by_model)
                     if writer is not None:
                         deliver_step(writer, record)
-                        writer.run.save_checkpoint(state)
+                        writer.save_checkpoint(state)
                     deliver_step(observers, record)
                     await finish_step(ctx)
                     bar.update(1)
@@ -358,9 +362,9 @@ class Minibatch:
                     state.final_evaluations.append(state.step)
                     state.pending_metrics = {"step": state.step, "final": True, "test_score": final,
                                              "test_interval": state.test_intervals.get(state.step)}
-                    if run is not None:  # the evaluation is kept before its line is written
-                        run.save_checkpoint(state)
-                    self._save(run, state, started)
+                    if writer is not None:  # the evaluation is kept before its line is written
+                        writer.save_checkpoint(state)
+                    self._save(writer, state, started)
                 state.finished = True
             except BudgetExceeded as exc:
                 stopped = f"budget exceeded: {exc}"
@@ -388,32 +392,7 @@ class Minibatch:
             if resume:
                 raise ValueError("resume=True needs run_dir: the folder of the run to continue")
             return Checkpoint(config=config)
-        saved = run.load_checkpoint()
-        if saved is None:
-            if resume:
-                logger.info("nothing to resume in %s; starting a new run", run.path)
-            run.reset()
-            return Checkpoint(config=config)
-        if not resume:
-            raise ValueError(
-                f"{run.path} already holds a run (step {saved.step}); pass resume=True to continue it, "
-                "or choose another run_dir"
-            )
-        for key in _RESUME_KEYS:
-            if saved.config.get(key) != config[key]:
-                raise ValueError(
-                    f"cannot resume {run.path}: it was started with {key}={saved.config.get(key)!r}, "
-                    f"this call has {key}={config[key]!r}"
-                )
-        self.agent.apply(saved.parameters)
-        loader.load_state_dict(saved.loader_state) if saved.loader_state else None
-        if saved.finished and not saved.final_evaluations and saved.test_scores:
-            saved.final_evaluations = [saved.step]  # a checkpoint written before the field existed
-        run.discard_unsaved(saved)
-        saved.finished = False
-        saved.config = config
-        logger.info("resuming %s after step %d", run.path, saved.step)
-        return saved
+        return open_run(run, self.agent, loader, config, resume)
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
         return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,
@@ -449,11 +428,12 @@ class Minibatch:
                                  "accepted": record.accepted, "candidate_score": record.candidate_score}
 
     @staticmethod
-    def _save(run: RunDir | None, state: Checkpoint, started: float) -> None:
+    def _save(writer: RunDirWriter | None, state: Checkpoint, started: float) -> None:
         """Write the metrics line the checkpoint owes (a finished step's, or the final one as
-        it is), then a checkpoint that no longer owes it."""
-        metrics, state.pending_metrics = state.pending_metrics, None
-        if run is None or metrics is None:
+        it is), then a checkpoint that no longer owes it (still owed if the line failed)."""
+        metrics = state.pending_metrics
+        if writer is None or metrics is None:
+            state.pending_metrics = None
             return
         if not metrics.get("final"):
             total = sum(state.usage.values(), UsageStats())
@@ -466,8 +446,9 @@ class Minibatch:
                 "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
                 "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
             }
-        run.log_metrics(metrics)
-        run.save_checkpoint(state)
+        writer.run.log_metrics(metrics)
+        state.pending_metrics = None
+        writer.save_checkpoint(state)
 
     def _result(self, state: Checkpoint, stopped: str | None, run: RunDir | None, started: float) -> TrainResult:
         return TrainResult(
@@ -540,13 +521,20 @@ def stop_on_sigterm() -> Iterator[list[bool]]:
 
 
 def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecord | None) -> None:
-    """Keep what the run did, whatever stopped it: a failed ledger write must not also
-    cost the checkpoint."""
+    """Keep what the run did, whatever stopped it, and never more than the files hold: a
+    checkpoint that counted a step whose ledger records are not written would lose them
+    for good, so then the last saved checkpoint stays and resume redoes the step."""
     try:
-        writer.keep_unfinished(unfinished)  # resume discards and redoes that step
-    except Exception:
-        logger.exception("could not write the last ledger records to %s", writer.run.ledger_path)
-    writer.run.save_checkpoint(state)
+        writer.keep_unfinished(unfinished)  # an unfinished step: resume discards and redoes it
+    except Exception as exc:
+        if writer.owes(state.step):
+            logger.error("could not write step %d's ledger records to %s (%s): the checkpoint stays at the last "
+                         "saved step, and resume=True redoes step %d", state.step, writer.run.ledger_path, exc,
+                         state.step)
+            return
+        logger.error("could not write the unfinished step's ledger records to %s (%s); resume redoes that step",
+                     writer.run.ledger_path, exc)
+    writer.save_checkpoint(state)
 
 
 def _fmt(score: float | None) -> str:

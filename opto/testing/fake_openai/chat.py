@@ -28,7 +28,8 @@ class FakeReply:
         finish_reason: reported on every choice (e.g. "length" to simulate truncation).
         status: HTTP status; anything but 200 answers with an OpenAI-shaped error
             whose message is the text(s).
-        prompt_tokens: reported usage; estimated from the messages when None.
+        prompt_tokens: reported usage; estimated from the messages when None (any JSON
+            value is sent as it is, so a test can play a server that reports nonsense).
         completion_tokens: reported usage; estimated from the texts when None.
         tool_calls: tool calls every choice asks for, each {"name": ..., "arguments": a dict
             or JSON text} or in OpenAI's wire shape {"id": ..., "type": "function",
@@ -40,8 +41,8 @@ class FakeReply:
     texts: list[str] | str
     finish_reason: str = "stop"
     status: int = 200
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    prompt_tokens: Any = None
+    completion_tokens: Any = None
     tool_calls: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
@@ -271,7 +272,8 @@ class ChatAPI:
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens
+                if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int) else None,
             },
         }
 

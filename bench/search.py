@@ -1,41 +1,33 @@
-"""Benchmark: search strategies on a simulated task where search matters.
+"""Benchmark: search strategies, opto's and GEPA's, on simulated tasks where search matters.
 
-The task. Examples belong to K = 6 classes ("c3 item 7"); the agent has two text
-parameters, `rules_a` for classes 0-2 and `rules_b` for classes 3-5, each a list of rules,
-one per class at most ("c1=good.k2x; c0=fair.9qa"), of which the agent reads only the
-first 2 (a length limit: a rule pushed past the second is cut off, so rules compete for
-room; two parameters give lineages something to merge). On an example of class c the agent is right with the probability its
-rule for c gives: good 0.95, fair 0.6, bad 0.1, no rule 0.3. Which items a rule gets right
-is fixed by a hash of the rule's text and the item (a temperature-0 model: the same prompt
-gives the same answers), so two "good" rules differ in detail, as real prompts do.
+The tasks (`bench/landscapes.py`): examples of K classes, one text parameter per part of
+the classes, each a list of rules of which the agent reads only the first 2 (rules
+compete for room); a scripted optimizer that writes a good rule for a failed example's
+class with some probability (a fair one otherwise) and sometimes breaks another rule; an
+aggregator that merges carelessly. "two-part": 6 classes, 2 parameters, good rules half
+the time, a quarter of fixes break another rule. "three-part": 8 classes, 3 parameters,
+good rules 35% of the time, 40% of fixes break another.
 
-The optimizer (a `ScriptedModel` function that reads opto's real optimizer prompt) sees
-one failed example of class c and writes a rule for c at the front of its parameter: good
-with probability 0.5, else fair; with probability 0.25 it also rewrites another rule as
-bad (a fix that breaks something else). On a success it proposes nothing. The aggregator
-(reading opto's real aggregator prompt) merges like a careless LLM: it applies every
-suggestion's changes in order, the later winning, each changed rule moved to the front.
-Merging lineages (`merge_every`) takes each parameter from the lineage that changed it.
+Every opto call goes through opto's real trainer and prompts (`ScriptedModel` functions
+read them); GEPA (`gepa.optimize`, its defaults) runs the same examples, agent and
+optimizer behind a `GEPAAdapter` and its `reflection_lm`. Calls are counted the same way:
+one per example evaluated (agent runs), one per optimizer, reflection or aggregator call.
+The values a run would end with are scored by their expected accuracy on the validation
+set, which costs no call. Reported per strategy over the seeds: the calls until those
+values reach 90% of the attainable score and keep it (never below it again within the
+budget), how many runs got there, and the score at the budget.
 
-The attainable expected validation score is (4 x 0.95 + 2 x 0.3) / 6 = 0.733: four good
-rules in the room there is. Reported per strategy, mean and spread over 5 seeds: the
-model calls (agent, optimizer, aggregator, validation) until the values the run would end
-with reach 90% of it (scored by their expected accuracy on the validation set, which costs
-no calls), first and for good (never below it again within the budget), how many runs got
-there, the score at the budget, and the validation rollouts run and saved.
-
-    python bench/search.py                     # 5 seeds, budget 3000 calls
-    python bench/search.py --seeds 3 --budget 1500 --only greedy-merged greedy-each-first
+    pip install gepa==0.1.4                 # the GEPA rows; never a dependency of opto
+    python bench/search.py                  # both landscapes, 20 seeds, 3000 calls
+    python bench/search.py --landscapes two-part --seeds 5 --only default gepa
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
-import random
 import re
 import statistics
 import sys
@@ -43,136 +35,114 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opto import (
-    Agent,
-    AggregatedUpdate,
-    Callback,
-    ExactMatchGuide,
-    MaxCalls,
-    MinibatchFirst,
-    Optimizer,
-    Parameter,
-    ScriptedModel,
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-K, ROOM = 6, 2  # classes; rules read of each part
-PARTS = {"rules_a": (0, 1, 2), "rules_b": (3, 4, 5)}  # the two parameters and the classes each covers
-ACCURACY = {"good": 0.95, "fair": 0.6, "bad": 0.1, None: 0.3}
-ATTAINABLE = (len(PARTS) * ROOM * ACCURACY["good"] + (K - len(PARTS) * ROOM) * ACCURACY[None]) / K
-RULE = re.compile(r"c(\d+)=(good|fair|bad)\.(\w+)")
-ITEM = re.compile(r"c(\d+) item (\d+)")
+from gepa_rows import run_gepa  # noqa: E402
+from landscapes import ITEM, LANDSCAPES, Landscape, failures_in, prompt_of, rules_of  # noqa: E402
 
+from opto import Agent, AggregatedUpdate, Callback, ExactMatchGuide, MaxCalls, MinibatchFirst, Optimizer  # noqa: E402
+from opto import Parameter, ScriptedModel  # noqa: E402
 
-def rules_of(prompt: str) -> list[tuple[int, str, str]]:
-    return [(int(c), quality, tag) for c, quality, tag in RULE.findall(prompt)]
-
-
-def prompt_of(rules: list[tuple[int, str, str]]) -> str:
-    return "; ".join(f"c{c}={quality}.{tag}" for c, quality, tag in rules)
-
-
-def part_of(c: int) -> str:
-    return next(name for name, classes in PARTS.items() if c in classes)
-
-
-def read_rules(values: dict[str, str]) -> dict[int, tuple[str, str]]:
-    """The rules the agent reads: the first ROOM of each part, the first rule of a class winning."""
-    seen: dict[int, tuple[str, str]] = {}
-    for name, text in values.items():
-        for c, quality, tag in rules_of(text)[:ROOM]:
-            if part_of(c) == name:
-                seen.setdefault(c, (quality, tag))
-    return seen
-
-
-def unit(*parts: Any) -> float:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def expected_score(values: dict[str, str], examples: list[dict[str, Any]]) -> float:
-    rules = read_rules(values)
-    return statistics.fmean(ACCURACY[rules.get(e["class"], (None,))[0]] for e in examples)
-
-
-def agent_reply(messages: list[dict[str, Any]]) -> str:
-    rules = read_rules(json.loads(messages[0]["content"]))
-    c, item = map(int, ITEM.search(messages[-1]["content"]).groups())
-    quality, tag = rules.get(c, (None, ""))
-    return f"answer-c{c}-{item}" if unit(quality, tag, c, item) < ACCURACY[quality] else "wrong"
+Curve = list[tuple[int, float]]
 
 
 class RuleAgent(Agent):
-    def __init__(self, model: ScriptedModel) -> None:
+    """One text parameter per part; its model reads them as JSON in the system message."""
+
+    def __init__(self, model: ScriptedModel, landscape: Landscape) -> None:
         self.model = model
-        self.rules_a = Parameter("", description=f"rules for classes {PARTS['rules_a']}, most important first")
-        self.rules_b = Parameter("", description=f"rules for classes {PARTS['rules_b']}, most important first")
+        for name, classes in landscape.parts.items():
+            setattr(self, name, Parameter("", description=f"rules for classes {classes}, most important first"))
 
     async def forward(self, x: str) -> str:
-        system = json.dumps({"rules_a": self.rules_a.value, "rules_b": self.rules_b.value})
-        reply = await self.model.complete([{"role": "system", "content": system}, {"role": "user", "content": x}])
+        values = {name: param.value for name, param in self.named_parameters().items()}
+        reply = await self.model.complete([{"role": "system", "content": json.dumps(values)},
+                                           {"role": "user", "content": x}])
         return reply.text
 
 
-def current_value(text: str, name: str) -> str:
-    return json.loads(re.search(rf"## {name}\n(?:- .*\n)*?- current value: (\".*\")", text).group(1))
+def agent_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], str]:
+    return lambda messages: landscape.answer(json.loads(messages[0]["content"]), messages[-1]["content"])
 
 
-def optimizer_reply(seed: int) -> Callable[[list[dict[str, Any]]], str]:
+def editable_values(text: str) -> dict[str, str]:
+    """The current values of the parameters an optimizer prompt lets it change."""
+    found = {}
+    parameters = re.split(r"\n# (?:Examples|Input)\n", text.split("# Parameters", 1)[1])[0]
+    for block in re.split(r"\n## ", parameters)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        value = re.search(r"- current value: (\".*\")", block)
+        if value and "- trainable: yes" in block:
+            found[name] = json.loads(value.group(1))
+    return found
+
+
+def optimizer_reply(landscape: Landscape, seed: int) -> Callable[[list[dict[str, Any]]], str]:
+    """The scripted optimizer behind opto's prompts: per instance (one example shown) or
+    reflective (several): it fixes the first failure of a class it may change."""
+
     def reply(messages: list[dict[str, Any]]) -> str:
         text = messages[-1]["content"]
-        if re.search(r"score: 1(\.0)?\b", text):
-            return json.dumps({"reasoning": "it was right", "suggestion": {}})
-        c, item = map(int, ITEM.search(text.split("# Input", 1)[1]).groups())
-        name = part_of(c)
-        current = current_value(text, name)
-        rng = random.Random(f"{seed}|{current}|{c}|{item}")
-        rules = [r for r in rules_of(current) if r[0] != c]
-        quality = "good" if rng.random() < 0.5 else "fair"
-        if rules and rng.random() < 0.25:
-            victim = rng.randrange(len(rules))
-            rules[victim] = (rules[victim][0], "bad", f"{rng.randrange(10**6):x}")
-        rules.insert(0, (c, quality, f"{rng.randrange(10**6):x}"))
-        return json.dumps({"reasoning": f"a rule for c{c}", "suggestion": {name: prompt_of(rules)}})
+        current = editable_values(text)
+        if "# Examples" in text:  # the reflective prompt
+            failures = failures_in(text)
+        else:
+            shown = ITEM.search(text.split("# Input", 1)[1])
+            failed = not re.search(r"score: 1(\.0)?\b", text)
+            failures = [tuple(map(int, shown.groups()))] if failed else []
+        suggestion = landscape.reflect(current, failures, seed)  # type: ignore[arg-type]
+        reasoning = "a rule for a failed class" if suggestion else "nothing to fix"
+        return json.dumps({"reasoning": reasoning, "suggestion": suggestion})
 
     return reply
 
 
-def aggregator_reply(messages: list[dict[str, Any]]) -> str:
-    blocks = re.split(r"# Suggestion \d+", messages[-1]["content"])[1:]
-    suggestion = {}
-    for name in PARTS:
-        values = [json.loads(found.group(1)) for block in blocks
-                  if (found := re.search(rf'"{name}": (".*")', block))]
-        merged = rules_of(values[0]) if values else []
-        for value in values[1:]:
-            current = {c: (quality, tag) for c, quality, tag in merged}
-            for c, quality, tag in reversed(rules_of(value)):
-                if current.get(c) != (quality, tag):
-                    merged = [(c, quality, tag), *[r for r in merged if r[0] != c]]
-        suggestion[name] = prompt_of(merged)
-    return json.dumps({"reasoning": "all changes", "suggestion": suggestion})
+def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], str]:
+    """A careless merge: every suggestion's changes in order, the later winning, each changed
+    rule moved to the front."""
+
+    def reply(messages: list[dict[str, Any]]) -> str:
+        blocks = re.split(r"# Suggestion \d+", messages[-1]["content"])[1:]
+        suggestion = {}
+        for name in landscape.parts:
+            values = [json.loads(found.group(1)) for block in blocks
+                      if (found := re.search(rf'"{name}": (".*")', block))]
+            if not values:
+                continue
+            merged = rules_of(values[0])
+            for value in values[1:]:
+                current = {c: (quality, tag) for c, quality, tag in merged}
+                for c, quality, tag in reversed(rules_of(value)):
+                    if current.get(c) != (quality, tag):
+                        merged = [(c, quality, tag), *[r for r in merged if r[0] != c]]
+            suggestion[name] = prompt_of(merged)
+        return json.dumps({"reasoning": "all changes", "suggestion": suggestion})
+
+    return reply
 
 
-def dataset(per_class: int, offset: int) -> list[dict[str, Any]]:
-    return [{"x": f"c{c} item {offset + i}", "info": f"answer-c{c}-{offset + i}", "id": f"c{c}-{offset + i}",
-             "class": c} for c in range(K) for i in range(per_class)]
-
-
+# opto's rows: AggregatedUpdate keywords; "validation": "set" / "first" stand for the
+# validation set and MinibatchFirst(validation set); no "validation" key: opto's default.
 STRATEGIES: dict[str, dict[str, Any]] = {
-    "greedy-merged": {},  # today's default: the aggregator's merge, validated on the batch
-    "greedy-each": {"candidates": "each"},
-    "greedy-both": {"candidates": "both"},
+    "default": {},
+    "minibatch (old default)": {"validation": "minibatch"},
     "greedy-merged-valset": {"validation": "set"},
     "greedy-merged-first": {"validation": "first"},
-    "greedy-each-valset": {"candidates": "each", "validation": "set"},
-    "greedy-each-first": {"candidates": "each", "validation": "first"},
-    "pareto-merged": {"selection": "pareto", "validation": "set"},
-    "pareto-each": {"selection": "pareto", "candidates": "each", "validation": "set"},
-    "pareto-each-first": {"selection": "pareto", "candidates": "each", "validation": "first"},
+    "pareto-merged-valset": {"selection": "pareto", "validation": "set"},
     "pareto-merged-merge": {"selection": "pareto", "validation": "set", "merge_every": 3},
-    "pareto-each-first-merge": {"selection": "pareto", "candidates": "each", "validation": "first", "merge_every": 3},
+    "reflective-first": {"proposals": "reflective", "validation": "first"},
+    "reflective-rr-first": {"proposals": "reflective", "components": "round_robin", "validation": "first"},
+    "reflective-valset": {"proposals": "reflective", "validation": "set"},
+    "reflective-pareto-first": {"proposals": "reflective", "selection": "pareto", "validation": "first"},
+    "reflective-first-ties": {"proposals": "reflective", "validation": "first", "improvement_threshold": -1e-9},
+    "reflective-pareto-first-ties": {"proposals": "reflective", "selection": "pareto", "validation": "first",
+                                     "improvement_threshold": -1e-9},
+    "reflective-rr-first-ties": {"proposals": "reflective", "components": "round_robin", "validation": "first",
+                                 "improvement_threshold": -1e-9},
+    "reflective-rr-pareto-first": {"proposals": "reflective", "components": "round_robin", "selection": "pareto",
+                                   "validation": "first"},
 }
+GEPA_ROWS = {"GEPA defaults": {}, "GEPA use_merge=True": {"use_merge": True}}
 
 
 class Counted:
@@ -186,76 +156,83 @@ class Counted:
         return self.fn(messages)
 
 
-def run(strategy: str, seed: int, budget: int, batch_size: int) -> dict[str, Any]:
+def without_class(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k != "class"} for e in examples]
+
+
+def run_opto(landscape: Landscape, strategy: str, seed: int, budget: int, batch_size: int) -> Curve:
     settings = dict(STRATEGIES[strategy])
-    validation = dataset(4, 100)
-    train = [{k: v for k, v in e.items() if k != "class"} for e in dataset(8, 0)]
-    rows = [{k: v for k, v in e.items() if k != "class"} for e in validation]
-    kind = settings.pop("validation", "minibatch")
-    settings["validation"] = {"minibatch": "minibatch", "set": rows, "first": MinibatchFirst(rows)}[kind]
-    agent_calls, brain_calls, aggregator_calls = Counted(agent_reply), Counted(optimizer_reply(seed)), Counted(
-        aggregator_reply)
-    agent = RuleAgent(ScriptedModel(agent_calls, name="agent"))
-    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(brain_calls, name="optimizer")),
-                               llm=ScriptedModel(aggregator_calls, name="aggregator"), **settings)
-    curve: list[tuple[int, float]] = []
-    validations = {"done": 0, "saved": 0}
+    validation = landscape.validation_set()
+    rows = without_class(validation)
+    kind = settings.pop("validation", None)
+    if kind is not None:
+        settings["validation"] = {"minibatch": "minibatch", "set": rows, "first": MinibatchFirst(rows)}[kind]
+    counters = [Counted(fn) for fn in (agent_reply(landscape), optimizer_reply(landscape, seed),
+                                        aggregator_reply(landscape))]
+    agent = RuleAgent(ScriptedModel(counters[0], name="agent"), landscape)
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(counters[1], name="optimizer")),
+                               llm=ScriptedModel(counters[2], name="aggregator"), **settings)
+    curve: Curve = []
 
     class Watch(Callback):
         def on_step_end(self, record: Any) -> None:
-            validations["done"] += sum(1 for e in record.events if e.type == "rollout" and e.phase == "validation")
-            validations["saved"] += sum(d.rollouts_saved for d in record.decisions)
-            values = trainer.pool.best().values if trainer.selection == "pareto" and trainer.pool else \
-                agent.stored_values()
-            calls = agent_calls.calls + brain_calls.calls + aggregator_calls.calls
-            curve.append((calls, expected_score(values, validation)))
+            curve.append((sum(c.calls for c in counters),
+                          landscape.expected_score(trainer.final_values(), validation)))
 
-    trainer.train(ExactMatchGuide(), train, batch_size=batch_size, num_epochs=50, seed=seed, progress=False,
-                  stop=MaxCalls(budget), callbacks=[Watch()])
-    target = 0.9 * ATTAINABLE
+    trainer.train(ExactMatchGuide(), without_class(landscape.train_set()), batch_size=batch_size, num_epochs=100,
+                  seed=seed, progress=False, stop=MaxCalls(budget), callbacks=[Watch()])
+    return curve
+
+
+def kept_at(curve: Curve, target: float, budget: int) -> int | None:
+    """The calls after which the values never fell below `target` again within the budget."""
     within = [(calls, score) for calls, score in curve if calls <= budget]
-    reached = next((calls for calls, score in within if score >= target), None)
-    # Reached and kept: the calls after which the values never fell below the mark again.
     below = [i for i, (_, score) in enumerate(within) if score < target]
-    kept = within[below[-1] + 1][0] if below and below[-1] + 1 < len(within) else (
-        within[0][0] if within and not below else None)
-    at_budget = [score for _, score in within]
-    return {"reached": reached, "kept": kept, "score": at_budget[-1] if at_budget else 0.0, **validations}
+    if not within or (below and below[-1] + 1 >= len(within)):
+        return None
+    return within[below[-1] + 1][0] if below else within[0][0]
+
+
+def score_at(curve: Curve, budget: int) -> float:
+    within = [score for calls, score in curve if calls <= budget]
+    return within[-1] if within else 0.0
+
+
+def table(landscape: Landscape, names: list[str], seeds: int, budget: int, batch_size: int) -> list[str]:
+    target = 0.9 * landscape.attainable
+    lines = [f"### {landscape.name}: attainable {landscape.attainable:.3f}, the mark (90%) {target:.3f}", "",
+             "| strategy | runs that reach the mark and keep it | calls until kept (mean +- sd) | score at budget "
+             "(mean +- sd) |", "|---|---:|---:|---:|"]
+    for name in names:
+        curves = [run_gepa(landscape, seed, budget, **GEPA_ROWS[name]) if name in GEPA_ROWS
+                  else run_opto(landscape, name, seed, budget, batch_size) for seed in range(seeds)]
+        kept = [k for k in (kept_at(c, target, budget) for c in curves) if k is not None]
+        scores = [score_at(c, budget) for c in curves]
+        calls = f"{statistics.fmean(kept):.0f} +- {statistics.pstdev(kept):.0f}" if kept else "-"
+        lines.append(f"| {name} | {len(kept)}/{seeds} | {calls} | {statistics.fmean(scores):.3f} +- "
+                     f"{statistics.pstdev(scores):.3f} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--landscapes", nargs="*", default=list(LANDSCAPES), choices=list(LANDSCAPES))
+    parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--only", nargs="*", default=None, help="strategy names (GEPA rows: 'gepa')")
     args = parser.parse_args()
-    names = args.only or list(STRATEGIES)
+    names = [*STRATEGIES, *GEPA_ROWS]
+    if args.only:
+        names = [n for n in names if n in args.only or (n in GEPA_ROWS and "gepa" in args.only)]
     started = time.time()
-    results = {name: [run(name, seed, args.budget, args.batch_size) for seed in range(args.seeds)] for name in names}
-    print(f"{args.seeds} seeds, budget {args.budget} calls, batch {args.batch_size}; attainable {ATTAINABLE:.3f}, "
-          f"90% of it {0.9 * ATTAINABLE:.3f}; Python {platform.python_version()}, load {os.getloadavg()[0]:.2f}, "
-          f"{time.time() - started:.0f} s")
-    print()
-    print("| strategy | calls to 90%, first reached | calls to 90%, reached and kept | score at budget "
-          "| validation rollouts run | saved by minibatch-first |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, runs in results.items():
-        calls, kept = (_calls([r[key] for r in runs]) for key in ("reached", "kept"))
-        scores = [r["score"] for r in runs]
-        done = statistics.fmean(r["done"] for r in runs)
-        saved = statistics.fmean(r["saved"] for r in runs)
-        share = f"{saved:.0f} ({saved / (saved + done):.0%})" if saved else "-"
-        print(f"| {name} | {calls} | {kept} | {statistics.fmean(scores):.3f} +- {statistics.pstdev(scores):.3f} "
-              f"| {done:.0f} | {share} |")
-
-
-def _calls(found: list[int | None]) -> str:
-    """Mean +- sd of the runs that got there, and how many did."""
-    got = [c for c in found if c is not None]
-    if not got:
-        return f"- (0/{len(found)})"
-    return f"{statistics.fmean(got):.0f} +- {statistics.pstdev(got):.0f} ({len(got)}/{len(found)})"
+    out = []
+    for name in args.landscapes:
+        out += table(LANDSCAPES[name], names, args.seeds, args.budget, args.batch_size) + [""]
+    print(f"{args.seeds} seeds, budget {args.budget} calls, batch {args.batch_size}; Python "
+          f"{platform.python_version()}, load {os.getloadavg()[0]:.2f}, {time.time() - started:.0f} s\n")
+    print("\n".join(out))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .llm import (
     ResponseCache,
     ScriptedModel,
 )
-from .optimizers import DemoProposer, Optimizer, Proposal, Proposer
+from .optimizers import BatchProposer, DemoProposer, Optimizer, Proposal, Proposer
 from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
@@ -49,6 +49,7 @@ __all__ = [
     "AsyncioExecutor",
     "AggregatedUpdate",
     "Aggregator",
+    "BatchProposer",
     "Budget",
     "Callback",
     "BudgetExceeded",

@@ -1,7 +1,9 @@
-"""Proposers: per instance, suggest parameter updates.
+"""Proposers: suggest parameter updates, per instance or from a step's batch.
 
-`Proposer` is the protocol; `Optimizer` asks an LLM (one call per rollout), and
-`DemoProposer` adds the instance to a `Demos` parameter (no model call).
+`Proposer` is the protocol; `Optimizer` asks an LLM, either one call per rollout
+(`propose`) or one reflective call that sees a batch's failures together
+(`propose_batch`, a `BatchProposer`); `DemoProposer` adds the instance to a `Demos`
+parameter (no model call).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .rollout import Rollout
 from .schema import reply_format
 from .suggested import SuggestedUpdate, reasoning_of
 
-__all__ = ["DemoProposer", "Optimizer", "Proposal", "Proposer", "reasoning_of"]
+__all__ = ["BatchProposer", "DemoProposer", "Optimizer", "Proposal", "Proposer", "reasoning_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class Proposal(SuggestedUpdate):
     proposal_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     proposer: str = "optimizer"
     instance_id: str = ""
+    # A reflective proposal: every rollout its prompt showed (`instance_id` is the first).
+    instance_ids: list[str] = Field(default_factory=list)
     truncated: bool = False
 
 
@@ -51,8 +55,19 @@ class Proposer(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchProposer(Proposer, Protocol):
+    """A proposer that can also look at a step's rollouts together (reflective proposals)."""
+
+    async def propose_batch(self, parameters: Sequence[Parameter], rollouts: Sequence[Rollout]) -> list[Proposal]:
+        """Zero or more proposals from the batch (an empty list: nothing to fix)."""
+        ...
+
+
 class Optimizer:
-    """Asks an LLM, for one rollout, how the parameters should change.
+    """Asks an LLM how the parameters should change: for one rollout (`propose`), or for a
+    step's batch at once (`propose_batch`, the reflective mode `AggregatedUpdate` uses by
+    default), which shows the batch's failures together with a few successes for contrast.
 
     `Demos` parameters are shown to it as fixed context and never proposed by it (demo
     lists change by rule, through `DemoProposer`); with nothing else trainable it makes
@@ -70,7 +85,12 @@ class Optimizer:
         name: labels its proposals in the ledger.
         max_trace_chars: about how much of the agent's trace (its model calls, tool calls
             and tool results) the prompt shows; a longer trace is cut in the middle with
-            a note saying what was left out.
+            a note saying what was left out. A reflective prompt shares it among its examples.
+        reflect_template: replaces `prompts/reflect.user.j2` (the reflective prompt).
+        max_examples: the most failures a reflective prompt shows (the rest are counted).
+        successes: how many rollouts that went right a reflective prompt adds for contrast.
+        perfect_score: a rollout scoring at least this went right: it needs no proposal.
+        skip_perfect: per instance too, make no call for a rollout that went right.
 
     It keeps no state between calls, so any number of `propose` calls run at once.
     """
@@ -86,11 +106,20 @@ class Optimizer:
         structured: bool = True,
         name: str = "optimizer",
         max_trace_chars: int = 24_000,
+        reflect_template: PromptTemplate | str | Path | None = None,
+        max_examples: int = 8,
+        successes: int = 1,
+        perfect_score: float = 1.0,
+        skip_perfect: bool = False,
     ) -> None:
         if num_proposals < 1:
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
         if max_trace_chars < 1:
             raise ValueError(f"max_trace_chars must be >= 1, got {max_trace_chars}")
+        if max_examples < 1:
+            raise ValueError(f"max_examples must be >= 1, got {max_examples}")
+        if successes < 0:
+            raise ValueError(f"successes must be >= 0, got {successes}")
         self.model = model
         self.template = PromptTemplate.resolve(template, "optimizer")
         self.num_proposals = num_proposals
@@ -99,6 +128,14 @@ class Optimizer:
         self.structured = structured
         self.name = name
         self.max_trace_chars = max_trace_chars
+        self.reflect_template = PromptTemplate.resolve(reflect_template, "reflect")
+        self.max_examples = max_examples
+        self.successes = successes
+        self.perfect_score = perfect_score
+        self.skip_perfect = skip_perfect
+
+    def went_right(self, rollout: Rollout) -> bool:
+        return not rollout.failed and rollout.score is not None and rollout.score >= self.perfect_score
 
     def build_messages(self, parameters: Sequence[Parameter], instance: Rollout) -> list[dict[str, str]]:
         return self.template.render(
@@ -113,9 +150,38 @@ class Optimizer:
     async def propose(self, parameters: Sequence[Parameter], instance: Rollout) -> list[Proposal]:
         """One proposal per sample; an unreadable reply gives a proposal with an empty update."""
         editable = [p for p in parameters if _editable(p)]
-        if not editable:
+        if not editable or (self.skip_perfect and self.went_right(instance)):
             return []
-        messages = self.build_messages(parameters, instance)
+        return await self._ask(editable, self.build_messages(parameters, instance), [instance.example_id], [])
+
+    def build_batch_messages(self, parameters: Sequence[Parameter], rollouts: Sequence[Rollout],
+                             ) -> tuple[list[dict[str, str]], list[Rollout]]:
+        """The reflective prompt for a batch, and the rollouts it shows (failures first)."""
+        failures = [r for r in rollouts if not self.went_right(r)]
+        shown = failures[: self.max_examples]
+        right = [r for r in rollouts if self.went_right(r)][: self.successes]
+        examples = [*shown, *right]
+        share = max(1, self.max_trace_chars // max(1, len(examples)))
+        messages = self.reflect_template.render(
+            parameters=[{**p.describe(), "trainable": _editable(p)} for p in parameters],
+            examples=[{"x": r.x, "trace": bounded_trace(r.trace, share), "output": r.output, "score": r.score,
+                       "feedback": r.feedback, "success": self.went_right(r)} for r in examples],
+            omitted=len(failures) - len(shown),
+        )
+        return messages, examples
+
+    async def propose_batch(self, parameters: Sequence[Parameter], rollouts: Sequence[Rollout]) -> list[Proposal]:
+        """Reflective: one call that sees the batch's failures together (no call when every
+        rollout went right); each proposal names the rollouts it saw."""
+        editable = [p for p in parameters if _editable(p)]
+        if not editable or all(self.went_right(r) for r in rollouts):
+            return []
+        messages, shown = self.build_batch_messages(parameters, rollouts)
+        seen = [r.example_id for r in shown]
+        return await self._ask(editable, messages, seen, seen)
+
+    async def _ask(self, editable: list[Parameter], messages: list[dict[str, str]], instance: list[str],
+                   seen: list[str]) -> list[Proposal]:
         completion = await self.model.complete(
             messages,
             response_format=reply_format(editable, ["reasoning"], "proposal") if self.structured else JSON_MODE,
@@ -124,8 +190,8 @@ class Optimizer:
             n=self.num_proposals,
         )
         return [
-            Proposal.read(editable, text, messages, proposer=self.name, instance_id=instance.example_id,
-                          sample_index=index, truncated=completion.truncated)
+            Proposal.read(editable, text, messages, proposer=self.name, instance_id=instance[0],
+                          instance_ids=seen, sample_index=index, truncated=completion.truncated)
             for index, text in enumerate(completion.texts)
         ]
 

@@ -34,7 +34,8 @@ class CandidateSource(Protocol):
 
 
 class MergedCandidates:
-    """The aggregator's merge of all proposals (today's default)."""
+    """The aggregator's merge of all proposals (the default). A step whose only update is
+    one reflective proposal has nothing to merge: it is the candidate, with no call."""
 
     name = "merged"
     min_calls = 1
@@ -45,6 +46,9 @@ class MergedCandidates:
 
     async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
                          stepsize: float) -> list[Candidate]:
+        distinct = dedupe(proposals)
+        if len(distinct) == 1 and all(p.instance_ids for p in proposals if p.update):
+            return await EachProposal().candidates(parameters, proposals, stepsize)  # one reflective proposal
         return await self.aggregator.aggregate(parameters, proposals, stepsize)
 
 

@@ -36,9 +36,10 @@ from ..guides import Guide
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
 from ..llm.usage import Budget
-from ..optimizers import Optimizer, Proposal, Proposer
+from ..optimizers import BatchProposer, Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
 from ..search.candidates import CandidateSource, make_candidate_source
+from ..search.components import ComponentSelector, focused, make_component_selector
 from .failures import check_failures
 from .merge import LineageMerge, MergePlan
 from .minibatch import Minibatch, StepContext
@@ -85,6 +86,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             "pareto" (a pool of every validated candidate; each step starts from a member
             of its Pareto front, and the run ends with the best mean; see
             `opto.trainer.selection`). "pareto" needs a validation dataset.
+        proposals: "reflective" (a proposer that can, e.g. `Optimizer`, is asked once a
+            step and shown the batch's failures together, with a success for contrast; a
+            batch where everything went right costs no call) or "per_instance" (each
+            proposer is asked for every rollout, and the aggregator merges). Proposers
+            without `propose_batch` (e.g. `DemoProposer`) are asked per instance either way.
+        components: which trainable parameters a step proposes for: "all", "round_robin"
+            (one a step, in turn; the others are shown as fixed), or an
+            `opto.search.ComponentSelector`.
     """
 
     def __init__(
@@ -104,8 +113,15 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         candidates: str | CandidateSource = "merged",
         merge_every: int | None = None,
         objectives: Sequence[str] = ("score",),
+        proposals: str = "per_instance",
+        components: str | ComponentSelector = "all",
     ) -> None:
         super().__init__(agent, concurrency=concurrency, executor=executor)
+        if proposals not in ("reflective", "per_instance"):
+            raise ValueError(f"proposals must be 'reflective' or 'per_instance', got {proposals!r}")
+        self.proposals = proposals
+        self.components = make_component_selector(components)
+        self._focus: list[str] | None = None  # the parameters this step proposes for
         self.proposers: list[Proposer] = _check_proposers(optimizer)
         self.optimizer = self.proposers[0]
         if llm is None:
@@ -154,8 +170,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self._start_from_the_front(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
+        self._focus = self.components.select([p.name for p in self.agent.parameters(trainable_only=True)], ctx.step)
         rollouts, outputs = await self._rollouts_and_proposals(batch, ctx)
         proposals = [p for o in outputs for p in o.proposals]
+        proposals += await self._propose_batch(rollouts, ctx)
         if self.score_proposals:
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
                                   min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout,
@@ -173,9 +191,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         order = [e.id or "" for e in batch]  # unique: load_dataset refuses repeated ids
         instances: dict[str, tuple[StepContext, asyncio.Future[InstanceOutput]]] = {}
 
+        per_instance = [p for p in self.proposers if p not in self._batch_proposers()]
+
         def propose(rollout: Rollout) -> None:
             own = ctx.model_copy(update={"step_record": StepRecord(step=ctx.step, epoch=ctx.epoch)})
-            instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own)))
+            instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own, per_instance)))
 
         try:
             rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
@@ -201,29 +221,54 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                         ctx.emit(event)
         return rollouts, outputs
 
-    async def _propose(self, rollout: Rollout, ctx: StepContext) -> InstanceOutput:
-        """Every proposer's proposals for one instance (a failed rollout gets none)."""
+    def _batch_proposers(self) -> list[BatchProposer]:
+        """The proposers asked once a step (reflective mode), in their order."""
+        if self.proposals != "reflective":
+            return []
+        return [p for p in self.proposers if isinstance(p, BatchProposer)]
+
+    async def _propose(self, rollout: Rollout, ctx: StepContext, proposers: Sequence[Proposer] | None = None,
+                       ) -> InstanceOutput:
+        """Every (per-instance) proposer's proposals for one instance (a failed rollout gets none)."""
+        proposers = self.proposers if proposers is None else proposers
         if rollout.failed:
             return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
-        results = await gather_all(self._ask(proposer, rollout, ctx) for proposer in self.proposers)
+        results = await gather_all(self._ask(proposer, proposer.propose, rollout, rollout.example_id, ctx)
+                                   for proposer in proposers)
         proposals = [p for found in results if found is not None for p in found]
-        errors = [f"{proposer.name}: failed" for proposer, found in zip(self.proposers, results) if found is None]
+        errors = [f"{proposer.name}: failed" for proposer, found in zip(proposers, results) if found is None]
+        self._record(proposals, ctx)
+        return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
+
+    async def _propose_batch(self, rollouts: list[Rollout], ctx: StepContext) -> list[Proposal]:
+        """The reflective proposers' proposals, each from the whole batch."""
+        results = await gather_all(self._ask(proposer, proposer.propose_batch, rollouts, "", ctx)
+                                   for proposer in self._batch_proposers())
+        proposals = [p for found in results if found is not None for p in found]
+        self._record(proposals, ctx)
+        return proposals
+
+    def _record(self, proposals: list[Proposal], ctx: StepContext) -> None:
         for proposal in proposals:
             ctx.emit(ProposalEvent(step=ctx.step, **proposal.model_dump(mode="json")))
             if ctx.verbose and proposal.prompt_messages:
                 _show(proposal.proposer, proposal.prompt_messages, proposal.raw_response)
-        return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
 
-    async def _ask(self, proposer: Proposer, rollout: Rollout, ctx: StepContext) -> list[Proposal] | None:
-        """One proposer's proposals; None when its model failed (recorded, the step goes on)."""
+    async def _ask(self, proposer: Proposer, method: Any, seen: Any, instance_id: str, ctx: StepContext,
+                   ) -> list[Proposal] | None:
+        """One proposer's proposals (`method` of it on a rollout, or on the batch's rollouts);
+        None when its model failed (recorded, the step goes on)."""
+        parameters = self.agent.parameters()
+        if self._focus is not None:
+            parameters = focused(parameters, self._focus)
         try:
             async with self._loop_gate():
-                return await proposer.propose(self.agent.parameters(), rollout)
+                return await method(parameters, seen)
         except BudgetExceeded:
             raise
         except LLMError as exc:
-            logger.warning("%s failed on %s: %s", proposer.name, rollout.example_id, exc)
-            ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=rollout.example_id, proposer=proposer.name,
+            logger.warning("%s failed on %s: %s", proposer.name, instance_id or "the batch", exc)
+            ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=instance_id, proposer=proposer.name,
                                         error=str(exc)))
             return None
 
@@ -324,8 +369,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
         llm_proposers = [p for p in self.proposers if isinstance(p, Optimizer)]
         candidates = self.candidate_source.min_candidates if llm_proposers else 1
-        return {"rollouts": batch_size, "proposals": batch_size * len(llm_proposers),
-                "aggregation": self.candidate_source.min_calls if llm_proposers else 0,
+        reflective = [p for p in llm_proposers if p in self._batch_proposers()]
+        per_instance = len(llm_proposers) - len(reflective)
+        return {"rollouts": batch_size, "proposals": batch_size * per_instance + len(reflective),
+                "aggregation": self.candidate_source.min_calls if per_instance else 0,
                 "validation": self.validation.rollouts_per_step(batch_size, candidates)}
 
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
@@ -372,6 +419,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                       step=ctx.step, parent_id=parent.candidate_id,
                                       merge_parent_id=candidate.merge_parents[1] if candidate.merge_parents else None)
                 ctx.emit(PoolEvent(step=ctx.step, **entry.model_dump(mode="json"), pool_mean=entry.mean))
+
+    def final_values(self) -> dict[str, Any]:
+        """The values the run would end with if it stopped now (with Pareto selection, the
+        pool's best mean; else the current values)."""
+        if self.selection == "pareto" and self.pool:
+            return dict(self.pool.best().values)
+        return self.agent.stored_values(trainable_only=True)
 
     def finish(self) -> bool:
         """At the end of a run with Pareto selection, apply the pool's best mean."""

@@ -13,7 +13,9 @@ prompt, GEPA's reflection prompt): shown failures, it fixes the first one it may
 of a parameter it is asked to change) by writing a rule for that class at the front of its
 part: good with probability `good`, else fair; with probability `breaks` it also rewrites
 another rule of the part as bad (a fix that breaks something else). Shown no failure it
-may fix, it proposes nothing. One scripted behaviour, so opto and GEPA face the same
+may fix, it proposes nothing. Its draws are fixed by the run's seed, the current text and
+the failures the prompt shows: like a temperature-0 model, the same prompt gets the same
+answer, another prompt another. One scripted behaviour, so opto and GEPA face the same
 optimizer.
 """
 
@@ -76,9 +78,11 @@ class Landscape:
         quality, tag = rules.get(c, (None, ""))
         return f"answer-c{c}-{item}" if unit(quality, tag, c, item) < ACCURACY[quality] else "wrong"
 
-    def fix(self, current: str, c: int, seed: int, item: int) -> str:
-        """The optimizer's rewrite of a part's text for a failure on class c."""
-        rng = random.Random(f"{seed}|{current}|{c}|{item}")
+    def fix(self, current: str, c: int, seed: int, shown: Any) -> str:
+        """The optimizer's rewrite of a part's text for a failure on class c; `shown` is
+        everything else its prompt showed (a temperature-0 model: the same prompt, the same
+        answer; another prompt, another draw)."""
+        rng = random.Random(f"{seed}|{current}|{c}|{shown}")
         rules = [r for r in rules_of(current) if r[0] != c]
         quality = "good" if rng.random() < self.good else "fair"
         if rules and rng.random() < self.breaks:
@@ -90,10 +94,10 @@ class Landscape:
     def reflect(self, current: dict[str, str], failures: list[tuple[int, int]], seed: int) -> dict[str, str]:
         """A reflective proposal: fix the first failure of a class in a part the optimizer
         may change (`current` holds those parts' texts); {} when there is none."""
-        for c, item in failures:
+        for c, _ in failures:
             name = self.part_of(c)
             if name in current:
-                return {name: self.fix(current[name], c, seed, item)}
+                return {name: self.fix(current[name], c, seed, failures)}
         return {}
 
     def dataset(self, per_class: int, offset: int) -> list[dict[str, Any]]:

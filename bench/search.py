@@ -41,6 +41,7 @@ from gepa_rows import run_gepa  # noqa: E402
 from landscapes import ITEM, LANDSCAPES, Landscape, failures_in, prompt_of, rules_of  # noqa: E402
 
 from opto import Agent, AggregatedUpdate, Callback, ExactMatchGuide, MaxCalls, MinibatchFirst, Optimizer  # noqa: E402
+from opto.trainer.validation import DatasetValidation  # noqa: E402
 from opto import Parameter, ScriptedModel  # noqa: E402
 
 Curve = list[tuple[int, float]]
@@ -121,26 +122,26 @@ def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], s
     return reply
 
 
-# opto's rows: AggregatedUpdate keywords; "validation": "set" / "first" stand for the
-# validation set and MinibatchFirst(validation set); no "validation" key: opto's default.
+# opto's rows: AggregatedUpdate keywords, and for validation on the benchmark's validation
+# set "set" (DatasetValidation) or "first" (MinibatchFirst), with "race" and "ties" for it;
+# no "validation" key: opto's default (a split held out from the training data).
+PER_INSTANCE = {"proposals": "per_instance"}
+REFLECTIVE_BEST = {"validation": "first", "race": 8, "ties": True}
 STRATEGIES: dict[str, dict[str, Any]] = {
     "default": {},
-    "minibatch (old default)": {"validation": "minibatch"},
-    "greedy-merged-valset": {"validation": "set"},
-    "greedy-merged-first": {"validation": "first"},
-    "pareto-merged-valset": {"selection": "pareto", "validation": "set"},
-    "pareto-merged-merge": {"selection": "pareto", "validation": "set", "merge_every": 3},
-    "reflective-first": {"proposals": "reflective", "validation": "first"},
-    "reflective-rr-first": {"proposals": "reflective", "components": "round_robin", "validation": "first"},
-    "reflective-valset": {"proposals": "reflective", "validation": "set"},
-    "reflective-pareto-first": {"proposals": "reflective", "selection": "pareto", "validation": "first"},
-    "reflective-first-ties": {"proposals": "reflective", "validation": "first", "improvement_threshold": -1e-9},
-    "reflective-pareto-first-ties": {"proposals": "reflective", "selection": "pareto", "validation": "first",
-                                     "improvement_threshold": -1e-9},
-    "reflective-rr-first-ties": {"proposals": "reflective", "components": "round_robin", "validation": "first",
-                                 "improvement_threshold": -1e-9},
-    "reflective-rr-pareto-first": {"proposals": "reflective", "components": "round_robin", "selection": "pareto",
-                                   "validation": "first"},
+    "old default (per instance, minibatch)": {**PER_INSTANCE, "validation": "minibatch"},
+    "per instance, valset": {**PER_INSTANCE, "validation": "set"},
+    "per instance, first": {**PER_INSTANCE, "validation": "first"},
+    "per instance, pareto, valset": {**PER_INSTANCE, "selection": "pareto", "validation": "set"},
+    "per instance, pareto, merge": {**PER_INSTANCE, "selection": "pareto", "validation": "set", "merge_every": 3},
+    "per instance, each, skip, first+race+ties": {**PER_INSTANCE, "candidates": "each", "skip_perfect": True,
+                                                  **REFLECTIVE_BEST},
+    "reflective, first": {"validation": "first"},
+    "reflective, first+race+ties": REFLECTIVE_BEST,
+    "reflective, round robin, first+race+ties": {"components": "round_robin", **REFLECTIVE_BEST},
+    "reflective, pareto, first+race+ties": {"selection": "pareto", **REFLECTIVE_BEST},
+    "reflective, epsilon-greedy, first+race+ties": {"selection": "epsilon_greedy", **REFLECTIVE_BEST},
+    "reflective, top-k, first+race+ties": {"selection": "top_k", **REFLECTIVE_BEST},
 }
 GEPA_ROWS = {"GEPA defaults": {}, "GEPA use_merge=True": {"use_merge": True}}
 
@@ -162,15 +163,19 @@ def without_class(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_opto(landscape: Landscape, strategy: str, seed: int, budget: int, batch_size: int) -> Curve:
     settings = dict(STRATEGIES[strategy])
+    batch_size = settings.pop("batch_size", batch_size)
+    skip_perfect = settings.pop("skip_perfect", False)
     validation = landscape.validation_set()
     rows = without_class(validation)
     kind = settings.pop("validation", None)
+    race, ties = settings.pop("race", None), settings.pop("ties", False)
     if kind is not None:
-        settings["validation"] = {"minibatch": "minibatch", "set": rows, "first": MinibatchFirst(rows)}[kind]
+        settings["validation"] = {"minibatch": "minibatch", "set": DatasetValidation(rows, race=race, accept_ties=ties),
+                                  "first": MinibatchFirst(rows, race=race, accept_ties=ties)}[kind]
     counters = [Counted(fn) for fn in (agent_reply(landscape), optimizer_reply(landscape, seed),
                                         aggregator_reply(landscape))]
     agent = RuleAgent(ScriptedModel(counters[0], name="agent"), landscape)
-    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(counters[1], name="optimizer")),
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(counters[1], name="optimizer"), skip_perfect=skip_perfect),
                                llm=ScriptedModel(counters[2], name="aggregator"), **settings)
     curve: Curve = []
 

@@ -71,6 +71,8 @@ def main() -> None:
         max_tokens=400,
         concurrency=4,
         score_proposals="instance" if args.num_proposals > 1 else None,
+        # Preference pairs come from several proposals for the same instance, each scored.
+        proposals="per_instance" if args.num_proposals > 1 else "reflective",
     )
     result = trainer.train(
         ExactMatchGuide(),

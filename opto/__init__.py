@@ -29,7 +29,7 @@ from .optimizers import BatchProposer, DemoProposer, Optimizer, Proposal, Propos
 from .parameters import Constraint, Demos, Parameter, ParameterError, assign
 from .prompting import PromptTemplate
 from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
-from .stopping import MaxCalls, MaxCost, MaxTime, NoImprovement, StopCondition, StopFile, TargetScore
+from .search.stopping import MaxCalls, MaxCost, MaxTime, NoImprovement, StopCondition, StopFile, TargetScore
 from .tracking import MLflowCallback
 from .trainer import (
     AggregatedUpdate,

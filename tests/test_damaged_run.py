@@ -26,7 +26,7 @@ ARGS: dict[str, Any] = {"num_epochs": 2, "batch_size": 2, "seed": 3, "progress":
 def train(run_dir: Path, *, resume: bool = False, **kwargs: Any) -> Any:
     trainer = AggregatedUpdate(LevelAgent(ScriptedModel(agent_reply, name="agent-model")),
                                Optimizer(ScriptedModel(make_brain(), name="brain")),
-                               aggregator=Aggregator(ScriptedModel(make_brain(), name="brain")), concurrency=1)
+                               aggregator=Aggregator(ScriptedModel(make_brain(), name="brain")), concurrency=1, proposals="per_instance", validation="minibatch")
     return trainer.train(ExactMatchGuide(), DATA, run_dir=run_dir, resume=resume, **{**ARGS, **kwargs})
 
 

@@ -212,7 +212,7 @@ def plural_data(pairs):
 
 def test_training_with_the_demo_proposer_alone_learns_the_demos(tmp_path):
     agent = Plurals()
-    trainer = AggregatedUpdate(agent, DemoProposer(), validation=plural_data(WORDS[4:]))
+    trainer = AggregatedUpdate(agent, DemoProposer(), validation=plural_data(WORDS[4:]), proposals="per_instance")
     result = trainer.train(ExactMatchGuide(), plural_data(WORDS[:4]), batch_size=2, run_dir=tmp_path,
                            test_dataset=plural_data(WORDS[4:]), progress=False, shuffle=False)
     assert result.initial_test_score == 0.25  # only "dog" right without demos
@@ -226,7 +226,7 @@ def test_training_with_the_llm_optimizer_and_the_demo_proposer(tmp_path):
     agent = Plurals(with_prompt=True)
     brain = ScriptedModel(lambda messages: json.dumps(
         {"reasoning": "r", "reasoning_prompt": "r", "suggestion": {"prompt": "Give the plural form."}}))
-    trainer = AggregatedUpdate(agent, [Optimizer(brain), DemoProposer()], validation=plural_data(WORDS[4:]))
+    trainer = AggregatedUpdate(agent, [Optimizer(brain), DemoProposer()], validation=plural_data(WORDS[4:]), proposals="per_instance")
     result = trainer.train(ExactMatchGuide(), plural_data(WORDS[:4]), batch_size=2, run_dir=tmp_path,
                            progress=False, shuffle=False)
     ledger = RunDir(tmp_path).ledger()
@@ -238,11 +238,11 @@ def test_training_with_the_llm_optimizer_and_the_demo_proposer(tmp_path):
 
 def test_proposer_lists_are_checked():
     with pytest.raises(ValueError, match="at least one proposer"):
-        AggregatedUpdate(Plurals(), [])
+        AggregatedUpdate(Plurals(), [], proposals="per_instance", validation="minibatch")
     with pytest.raises(TypeError, match="is not a proposer"):
-        AggregatedUpdate(Plurals(), [object()])
+        AggregatedUpdate(Plurals(), [object()], proposals="per_instance", validation="minibatch")
     with pytest.raises(ValueError, match="distinct names"):
-        AggregatedUpdate(Plurals(), [DemoProposer(), DemoProposer()])
+        AggregatedUpdate(Plurals(), [DemoProposer(), DemoProposer()], proposals="per_instance", validation="minibatch")
 
 
 # ------------------------------------------------------------ additions: edges and paths
@@ -331,7 +331,8 @@ def test_demo_only_training_needs_no_model_and_exports_no_rule_turns(tmp_path):
     from opto.preference import PreferencePairBuilder, read_turns
 
     agent = Plurals()
-    trainer = AggregatedUpdate(agent, DemoProposer(), validation=plural_data(WORDS[4:]), score_proposals="instance")
+    trainer = AggregatedUpdate(agent, DemoProposer(), validation=plural_data(WORDS[4:]), score_proposals="instance",
+                               proposals="per_instance")
     result = trainer.train(ExactMatchGuide(), plural_data(WORDS[:4]), batch_size=2, run_dir=tmp_path,
                            progress=False, shuffle=False)
     assert result.accepted >= 1

@@ -20,7 +20,7 @@ def make_trainer(**kwargs):
     brain = ScriptedModel(make_brain(), name="brain")
     agent = LevelAgent(ScriptedModel(agent_reply, name="agent-model"))
     return AggregatedUpdate(agent, Optimizer(brain, num_proposals=2), aggregator=Aggregator(brain, num_candidates=2),
-                            score_proposals="instance", concurrency=1, **kwargs)
+                            score_proposals="instance", concurrency=1, **{"validation": "minibatch", "proposals": "per_instance", **kwargs})
 
 
 class Recorder(Callback):

@@ -36,7 +36,7 @@ def train(run_dir: Path, *, resume: bool = False) -> Any:
     agent_model = ScriptedModel(agent_reply, name="agent-model")
     brain = ScriptedModel(make_brain(), name="brain")
     trainer = AggregatedUpdate(LevelAgent(agent_model), Optimizer(brain), aggregator=Aggregator(brain),
-                               concurrency=1)
+                               concurrency=1, proposals="per_instance", validation="minibatch")
     return trainer.train(ExactMatchGuide(), DATA, run_dir=run_dir, resume=resume, **ARGS)
 
 
@@ -68,13 +68,23 @@ def writes_counted(kill_at: int | None = None, torn: bool = False) -> Iterator[l
             setattr(opto.ledger, name, original)
 
 
-def killed_run(run_dir: Path, kill_at: int, torn: bool) -> None:
+def train_held_out(run_dir: Path, *, resume: bool = False) -> Any:
+    """opto's defaults: a held-out split of the training data, reflective proposals, racing."""
+    brain = ScriptedModel(make_brain(delta=2), name="brain")
+    trainer = AggregatedUpdate(LevelAgent(ScriptedModel(agent_reply, name="agent-model"), level=3),
+                               Optimizer(brain), llm=brain, concurrency=1)
+    return trainer.train(ExactMatchGuide(), dataset(list(range(32))), run_dir=run_dir, resume=resume,
+                         num_epochs=1, batch_size=4, seed=1, progress=False, min_score=0.0,
+                         test_dataset=dataset([0, 5, 9, 14]))
+
+
+def killed_run(run_dir: Path, kill_at: int, torn: bool, run: Any = None) -> None:
     pid = os.fork()
     if pid == 0:  # the child: train until killed; never return into pytest
         code = 1
         try:
             with writes_counted(kill_at, torn):
-                train(run_dir)
+                (run or train)(run_dir)
             code = 0
         finally:
             os._exit(code)
@@ -214,3 +224,28 @@ def test_a_disk_that_stays_full_stops_the_run_and_resume_after_it_is_freed_equal
         result = train(run_dir, resume=True)
         assert result.stopped_reason is None, at
         assert what_happened(run_dir) == expected, f"the disk filled at write {at}"
+
+
+@pytest.fixture(scope="module")
+def held_out_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    run_dir = tmp_path_factory.mktemp("held-out")
+    with writes_counted() as writes:
+        result = train_held_out(run_dir)
+    config = json.loads((run_dir / "checkpoint.json").read_text())["config"]
+    assert len(config["validation_ids"]) == 16 and result.steps == 4 and result.accepted > 0
+    return run_dir, list(writes)
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["before-a-write", "half-way-through-a-write"])
+def test_a_run_on_a_held_out_split_killed_at_any_write_resumes_to_the_same_files(held_out_reference, tmp_path,
+                                                                                 torn):
+    reference_dir, writes = held_out_reference
+    expected = what_happened(reference_dir)
+    points = [k for k, write in enumerate(writes, start=1) if not torn or write.startswith("append_jsonl")]
+    for kill_at in points:
+        run_dir = tmp_path / f"kill-{kill_at}"
+        killed_run(run_dir, kill_at, torn, run=train_held_out)
+        result = train_held_out(run_dir, resume=True)
+        where = f"killed at write {kill_at} ({writes[kill_at - 1]})"
+        assert result.stopped_reason is None, where
+        assert what_happened(run_dir) == expected, where

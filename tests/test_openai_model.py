@@ -658,7 +658,7 @@ def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
         failing.fail_next(1, status=401, body=echo)
         model = OpenAIModel("gpt-test", base_url=failing.base_url, api_key=KEY, max_retries=1)
         try:
-            AggregatedUpdate(qa, Optimizer(model)).train(ExactMatchGuide(), [("2+2", "5"), ("1+1", "3")],
+            AggregatedUpdate(qa, Optimizer(model), proposals="per_instance", validation="minibatch").train(ExactMatchGuide(), [("2+2", "5"), ("1+1", "3")],
                                                          run_dir=tmp_path, progress=False)
         finally:
             model.close()

@@ -102,3 +102,11 @@ def test_readme_weights_snippets_run_as_written(tmp_path, monkeypatch, capsys):
     status, model = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert status == "succeeded" and model == nemo_job.request["output_model"]
     assert nemo_job.request["hyperparameters"]["finetuning_type"] == "lora"
+
+
+def test_readme_selector_example_runs_as_written(capsys):
+    section = README.read_text().split("#### Writing a selector", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert len(code.strip().splitlines()) <= 30
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "{'prompt': 'Say yes.'} newest"

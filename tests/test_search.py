@@ -71,7 +71,7 @@ def test_both_adds_the_distinct_proposals_to_the_merged_candidates(tmp_path):
 
 
 def test_an_unknown_candidates_setting_is_refused():
-    with pytest.raises(ValueError, match="'merged', 'each', 'both'"):
+    with pytest.raises(ValueError, match=r"candidates must be one of \['both', 'each', 'merged'\]"):
         trainer_with(candidates="all")
 
 
@@ -152,7 +152,7 @@ def test_merge_every_combines_two_lineages_by_the_parameters_each_changed(tmp_pa
 
     trainer = AggregatedUpdate(TwoKnobs(), Optimizer(ScriptedModel(knob_for_own_instance, name="brain")),
                                candidates="each", selection="pareto", merge_every=2,
-                               validation=world.dataset(range(4)))
+                               validation=world.dataset(range(4)), proposals="per_instance")
     result = trainer.train(ExactMatchGuide(), world.dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path,
                            progress=False, shuffle=False)
     merges = [c for c in events(tmp_path, "candidate") if c.merge_parents]
@@ -177,7 +177,7 @@ def test_the_report_draws_the_lineage_with_both_parents_of_a_merge(tmp_path):
 
     trainer = AggregatedUpdate(TwoKnobs(), Optimizer(ScriptedModel(knob_for_own_instance, name="brain")),
                                candidates="each", selection="pareto", merge_every=2,
-                               validation=world.dataset(range(4)))
+                               validation=world.dataset(range(4)), proposals="per_instance")
     trainer.train(ExactMatchGuide(), world.dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path, progress=False,
                   shuffle=False)
     summary = write_report(tmp_path)
@@ -213,7 +213,7 @@ def test_cost_as_an_objective_keeps_the_cheaper_of_equal_candidates(objectives, 
     from opto.report import write_report
 
     trainer = AggregatedUpdate(Styled(), Optimizer(ScriptedModel(style_by_parity, name="brain")), candidates="each",
-                               selection="pareto", objectives=objectives, validation=world.dataset(range(4)))
+                               selection="pareto", objectives=objectives, validation=world.dataset(range(4)), proposals="per_instance")
     result = trainer.train(ExactMatchGuide(), world.dataset([1, 0]), batch_size=2, run_dir=tmp_path, progress=False,
                            shuffle=False)
     pooled = {e.values["style"]: e for e in events(tmp_path, "pool")}

@@ -47,7 +47,7 @@ def make_trainer(selection="pareto", budget=None):
         agent, Optimizer(ScriptedModel(optimizer_reply, name="opt", budget=budget)),
         aggregator=Aggregator(ScriptedModel(aggregator_reply, name="agg")),
         validation=VALIDATION, selection=selection, concurrency=1,
-    )
+        proposals="per_instance",)
     return trainer, agent
 
 
@@ -133,9 +133,9 @@ def test_pareto_explores_from_the_lower_mean_candidate_and_finds_more(tmp_path):
 def test_pareto_needs_a_validation_dataset():
     for validation in ("minibatch", "none"):
         with pytest.raises(ValueError, match="validation=<a dataset>"):
-            AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), validation=validation, selection="pareto")
-    with pytest.raises(ValueError, match="selection must be 'greedy' or 'pareto'"):
-        AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), selection="best")
+            AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), validation=validation, selection="pareto", proposals="per_instance")
+    with pytest.raises(ValueError, match="selection must be one of \['epsilon_greedy', 'greedy', 'pareto', 'top_k'\]"):
+        AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), selection="best", proposals="per_instance", validation="minibatch")
 
 
 def ledger_shape(run_dir):

@@ -92,7 +92,9 @@ def make_level_trainer(level=0, delta=1, brain_kwargs=None, agent_kwargs=None, b
     agent_model = ScriptedModel(agent_reply, name="agent-model", **(agent_model_kwargs or {}))
     brain = ScriptedModel(make_brain(delta, **(brain_kwargs or {})), name="brain", **(brain_model_kwargs or {}))
     the_agent = LevelAgent(agent_model, level=level, **(agent_kwargs or {}))
-    trainer = AggregatedUpdate(the_agent, Optimizer(brain), llm=brain, **trainer_kwargs)
+    # The level world's tests are about per-instance proposals accepted on the batch.
+    settings = {"proposals": "per_instance", "validation": "minibatch", **trainer_kwargs}
+    trainer = AggregatedUpdate(the_agent, Optimizer(brain), llm=brain, **settings)
     return trainer, the_agent, agent_model, brain
 
 
@@ -144,6 +146,8 @@ def make_run(run_dir: Path, *, examples: int = 8, score_proposals: str = "instan
                                             name="aggregator-model"), num_candidates=2),
         score_proposals=score_proposals,
         concurrency=4,
+        proposals="per_instance",
+        validation="minibatch",
     )
     result = trainer.train(ExactMatchGuide(), data, batch_size=2, run_dir=run_dir, progress=False, shuffle=False)
     return result.model_dump()

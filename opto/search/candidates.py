@@ -16,6 +16,7 @@ from .._io import json_key
 from ..aggregation import Aggregator, Candidate, dedupe
 from ..optimizers import Proposal
 from ..parameters import Parameter
+from ._choice import choose
 
 __all__ = ["CandidateSource", "EachProposal", "MergedAndEach", "MergedCandidates", "make_candidate_source"]
 
@@ -88,9 +89,5 @@ class MergedAndEach:
 
 def make_candidate_source(spec: str | CandidateSource, aggregator: Aggregator) -> CandidateSource:
     """"merged", "each", "both", or a `CandidateSource`."""
-    if isinstance(spec, CandidateSource):
-        return spec
-    sources = {"merged": MergedCandidates, "each": lambda _: EachProposal(), "both": MergedAndEach}
-    if spec not in sources:
-        raise ValueError(f"candidates must be 'merged', 'each', 'both' or a CandidateSource, got {spec!r}")
-    return sources[spec](aggregator)  # type: ignore[operator]
+    return choose("candidates", spec, CandidateSource, {"merged": lambda: MergedCandidates(aggregator),
+                                                         "each": EachProposal, "both": lambda: MergedAndEach(aggregator)})

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ..parameters import Parameter
+from ._choice import choose
 
 __all__ = ["AllComponents", "ComponentSelector", "RoundRobin", "focused", "make_component_selector"]
 
@@ -48,12 +49,7 @@ class RoundRobin:
 
 def make_component_selector(spec: str | ComponentSelector) -> ComponentSelector:
     """"all", "round_robin" or a `ComponentSelector`."""
-    if isinstance(spec, ComponentSelector):
-        return spec
-    selectors = {"all": AllComponents, "round_robin": RoundRobin}
-    if spec not in selectors:
-        raise ValueError(f"components must be 'all', 'round_robin' or a ComponentSelector, got {spec!r}")
-    return selectors[spec]()
+    return choose("components", spec, ComponentSelector, {"all": AllComponents, "round_robin": RoundRobin})
 
 
 def focused(parameters: Sequence[Parameter], names: Sequence[str]) -> list[Parameter]:

@@ -4,7 +4,7 @@ from .aggregated import AggregatedUpdate, InstanceOutput
 from .evaluation import EvalResult, aevaluate, evaluate
 from .failures import TooManyFailures
 from .minibatch import Minibatch, StepContext, StepOutcome, TrainResult
-from .validation import DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, NoValidation, Validation
+from ..search.acceptance import DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, NoValidation, Validation
 
 __all__ = [
     "AggregatedUpdate",

@@ -2,8 +2,9 @@
 
 A step reads top to bottom as its data flow (see `step`): rollouts -> proposals ->
 [proposal scores] -> candidates -> decisions -> apply. Each stage adds its events to
-the step's `StepRecord`; nothing here writes a file. Pareto selection lives in
-`selection.py`, the Trace-compatible `forward`/`update` in `trace_compat.py`.
+the step's `StepRecord`; nothing here writes a file. The search pieces (candidate
+selection and its pool, candidate sources, component selection) are objects from
+`opto.search`; the Trace-compatible `forward`/`update` is in `trace_compat.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .._async import gather_all
 from .._io import json_key
 from ..agent import Agent
 from ..aggregation import Aggregator, Candidate
-from ..data import Example
+from ..data import Example, load_dataset
 from ..events import (
     AggregateErrorEvent,
     AppliedEvent,
@@ -38,19 +39,28 @@ from ..llm.errors import BudgetExceeded, LLMError
 from ..llm.usage import Budget
 from ..optimizers import BatchProposer, Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
+from ..search.batching import ProposalBatching, make_batching
 from ..search.candidates import CandidateSource, make_candidate_source
 from ..search.components import ComponentSelector, focused, make_component_selector
 from .failures import check_failures
-from .merge import LineageMerge, MergePlan
+from ..search.merge import LineageMerge, MergePlan
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
-from .selection import START_ID, CandidatePool, check_objectives, check_selection
+from ..search.pool import START_ID, CandidatePool, check_objectives
+from ..search.selection import CandidateSelector, make_selector
 from .trace_compat import InstanceOutput, TraceCompatible
-from .validation import DatasetValidation, Decision, Validation, ValidationContext, holm_corrected, make_validation
+from ..search.holdout import HoldOut
+from ..search.acceptance import (DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, Validation,
+                         ValidationContext, holm_corrected, make_validation)
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
 
 logger = logging.getLogger(__name__)
+
+# validation="auto" on training data too small to split: a paired test on the batch at
+# this level, with batches that can pass it.
+SMALL_DATA_ALPHA = 0.1
+SMALL_DATA_MIN_BATCH = 4
 
 
 class AggregatedUpdate(TraceCompatible, Minibatch):
@@ -66,8 +76,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         aggregator: a configured `Aggregator` (then `llm` and `max_tokens` are unused).
         concurrency: agent runs and LLM calls the trainer starts at once.
         executor: where rollouts run (`opto.RolloutExecutor`; default in-process asyncio).
-        validation: "minibatch" (re-run the batch with the candidate), "none" (always
-            accept), a dataset to validate on, or a `Validation` object.
+        validation: "auto" (the default: hold out a validation split from the training data,
+            `holdout`, and accept with `MinibatchFirst(split, race=8, accept_ties=True)`; on
+            a training set too small to split, candidates are accepted on the batch, with a
+            paired test, `MinibatchValidation(alpha=0.1)`, when batches have at least 4
+            examples), "minibatch" (re-run the batch with the
+            candidate), "none" (always accept), a dataset to validate on, or a `Validation`.
+        holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
+            of the examples, at least 16, at most 200, drawn with the run's seed).
         improvement_threshold: a candidate must beat the current mean by more than this.
         score_proposals: None, or "instance" / "minibatch": also score each proposal's update
             on its own (see `opto.trainer.proposal_scoring`), for preference data.
@@ -80,17 +96,21 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             or better score, and the run ends with the best score, ties going to the cheaper.
         merge_every: with selection="pareto", every N steps merge two front members that
             descend from a common ancestor, parameter by parameter from the lineage that
-            changed it (`opto.trainer.merge`); the merge is validated like any candidate
+            changed it (`opto.search.merge`); the merge is validated like any candidate
             and keeps both parents in the pool. A merge step makes no proposals.
-        selection: "greedy" (one incumbent: each step starts from the current values) or
+        selection: "greedy" (one incumbent: each step starts from the current values),
             "pareto" (a pool of every validated candidate; each step starts from a member
-            of its Pareto front, and the run ends with the best mean; see
-            `opto.trainer.selection`). "pareto" needs a validation dataset.
+            of its Pareto front), "epsilon_greedy" (the pool's best mean, now and then any
+            member), "top_k" (any of the best 3), or an `opto.search.CandidateSelector`.
+            Pool-based selection needs a validation dataset and ends with the pool's best
+            mean (`opto.search.selection`).
         proposals: "reflective" (a proposer that can, e.g. `Optimizer`, is asked once a
             step and shown the batch's failures together, with a success for contrast; a
             batch where everything went right costs no call) or "per_instance" (each
             proposer is asked for every rollout, and the aggregator merges). Proposers
-            without `propose_batch` (e.g. `DemoProposer`) are asked per instance either way.
+            without `propose_batch` (e.g. `DemoProposer`) are asked per instance either way,
+            and those that only make sense once a step (`TPEProposer`) once a step; a
+            `opto.search.ProposalBatching` decides it any other way.
         components: which trainable parameters a step proposes for: "all", "round_robin"
             (one a step, in turn; the others are shown as fixed), or an
             `opto.search.ComponentSelector`.
@@ -106,20 +126,20 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         aggregator: Aggregator | None = None,
         concurrency: int = 16,
         executor: RolloutExecutor | None = None,
-        validation: str | Validation | Any = "minibatch",
+        validation: str | Validation | Any = "auto",
+        holdout: HoldOut | None = None,
         improvement_threshold: float = 0.0,
         score_proposals: str | None = None,
-        selection: str = "greedy",
+        selection: str | CandidateSelector = "greedy",
         candidates: str | CandidateSource = "merged",
         merge_every: int | None = None,
         objectives: Sequence[str] = ("score",),
-        proposals: str = "per_instance",
+        proposals: str | ProposalBatching = "reflective",
         components: str | ComponentSelector = "all",
     ) -> None:
         super().__init__(agent, concurrency=concurrency, executor=executor)
-        if proposals not in ("reflective", "per_instance"):
-            raise ValueError(f"proposals must be 'reflective' or 'per_instance', got {proposals!r}")
-        self.proposals = proposals
+        self.batching = make_batching(proposals)
+        self.proposals = self.batching.name
         self.components = make_component_selector(components)
         self._focus: list[str] | None = None  # the parameters this step proposes for
         self.proposers: list[Proposer] = _check_proposers(optimizer)
@@ -128,20 +148,25 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             llm = next((p.model for p in self.proposers if isinstance(p, Optimizer)), None)
         self.aggregator = aggregator or Aggregator(llm, max_tokens=max_tokens)
         self.candidate_source = make_candidate_source(candidates, self.aggregator)
-        self.validation = make_validation(validation)
+        self.auto_validation = isinstance(validation, str) and validation == "auto"
+        self.holdout = holdout or HoldOut()
+        # With "auto", the split is made when train() sees the data; until then (e.g. for a
+        # Trace-style update()) candidates are accepted on the batch with a paired test.
+        self.validation = MinibatchValidation() if self.auto_validation else make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
-        self.selection = check_selection(selection)
-        if selection == "pareto" and not isinstance(self.validation, DatasetValidation):
+        self.selector = make_selector(selection)
+        self.selection = self.selector.name
+        if self.selector.uses_pool and not self.auto_validation and not isinstance(self.validation, DatasetValidation):
             raise ValueError(
-                "selection='pareto' compares candidates example by example on a fixed validation set: pass "
-                "validation=<a dataset> (e.g. bigbench(task, split='validation')), not "
+                f"selection={self.selection!r} keeps a pool of candidates compared example by example on a fixed "
+                "validation set: pass validation=<a dataset> (e.g. bigbench(task, split='validation')), not "
                 f"{self.validation.name!r}"
             )
-        if merge_every is not None and selection != "pareto":
-            raise ValueError("merge_every merges lineages of a Pareto pool: pass selection='pareto' with it")
+        if merge_every is not None and not self.selector.uses_pool:
+            raise ValueError("merge_every merges lineages of a candidate pool: pass selection='pareto' with it")
         self.merge = LineageMerge(merge_every) if merge_every is not None else None
-        self.objectives = check_objectives(objectives, selection)
+        self.objectives = check_objectives(objectives, self.selector.uses_pool)
         self.pool = CandidatePool(objectives=self.objectives)
         self._merges_tried: set[str] = set()
         self._seed = 0
@@ -154,20 +179,46 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
         self._seed = kwargs.get("seed", 0)
+        if self.auto_validation:
+            train_dataset = self._hold_out(load_dataset(train_dataset), kwargs.get("batch_size", 1))
         self._unread_warned, self._read = set(), set()
         self.remember(guide, kwargs.get("stepsize", 0.5), kwargs.get("min_score"))
         return await super().atrain(guide, train_dataset, **kwargs)
 
     atrain.__doc__ = Minibatch.atrain.__doc__
 
+    def _hold_out(self, examples: list[Example], batch_size: int) -> list[Example]:
+        """`validation="auto"`: split the training data (recorded in the run's config, so a
+        resumed run must draw the same split) and return what is left to train on."""
+        split = self.holdout.split(examples, self._seed)
+        if split is None:
+            if self.selector.uses_pool:
+                raise ValueError(
+                    f"selection={self.selection!r} needs a validation set, and {len(examples)} training examples "
+                    f"are too few to hold one out (at least {2 * self.holdout.min_size}): pass validation=<a dataset>")
+            # A sign test on fewer than 4 pairs can never reach p <= 0.1: then any strict win.
+            tested = batch_size >= SMALL_DATA_MIN_BATCH
+            self.validation = MinibatchValidation(alpha=SMALL_DATA_ALPHA if tested else None)
+            self.extra_config = {"validation": "minibatch (too few examples to hold out a split)"}
+            logger.info("validation='auto': %d training examples are too few to hold out a validation split; "
+                        "candidates are accepted on the batch%s", len(examples),
+                        f" with a paired test (alpha={SMALL_DATA_ALPHA})" if tested else "")
+            return examples
+        train, held = split
+        self.validation = MinibatchFirst(held, race=8, accept_ties=True)
+        self.extra_config = {"validation": "held out", "holdout": self.holdout.describe(),
+                             "validation_ids": [e.id for e in held]}
+        logger.info("validation='auto': %d of %d training examples held out to validate on", len(held), len(examples))
+        return train
+
     # The step, top to bottom ----------------------------------------------------------
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
-        if self.selection == "pareto" and self.pool:
+        if self.selector.uses_pool and self.pool:
             plan = self.merge.plan(self.pool, self._merges_tried) if self.merge and self.merge.due(ctx.step) else None
             if plan is not None:
                 return await self._merge_step(batch, plan, ctx)
-            self._start_from_the_front(ctx)
+            self._start_from_the_pool(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
         self._focus = self.components.select([p.name for p in self.agent.parameters(trainable_only=True)], ctx.step)
@@ -178,8 +229,30 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
                                   min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout,
                                   executor=self.executor)
-        return await self._decide(rollouts, proposals, ctx)
+        record = await self._decide(rollouts, proposals, ctx)
+        self._tell_scores(record)
+        return record
 
+    def _tell_scores(self, record: StepRecord) -> None:
+        """Tell each proposer that learns from scores (`observe`, e.g. `TPEProposer`) the
+        validation score of the candidate each of its proposals went into (None when the
+        candidate was not scored on the whole validation set)."""
+        learners = [p for p in self.proposers if hasattr(p, "observe")]
+        if not learners:
+            return
+        whole = {d.candidate_id: d.candidate_score for d in record.decisions
+                 if d.stage in (None, "dataset") and isinstance(self.validation, DatasetValidation)}
+        told: dict[str, float | None] = {}
+        for event in record.events:
+            if event.type == "candidate" and event.final:
+                for proposal_id in event.source_proposals:
+                    if told.get(proposal_id) is None:
+                        told[proposal_id] = whole.get(event.candidate_id)
+        for event in record.events:
+            if event.type == "proposal":
+                for learner in learners:
+                    if learner.name == event.proposer:
+                        learner.observe(event.proposal_id, told.get(event.proposal_id))
     async def _rollouts_and_proposals(self, batch: list[Example], ctx: StepContext,
                                       ) -> tuple[list[Rollout], list[InstanceOutput]]:
         """The agent and guide on every example under the current values, and the proposers
@@ -222,10 +295,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return rollouts, outputs
 
     def _batch_proposers(self) -> list[BatchProposer]:
-        """The proposers asked once a step (reflective mode), in their order."""
-        if self.proposals != "reflective":
-            return []
-        return [p for p in self.proposers if isinstance(p, BatchProposer)]
+        """The proposers asked once a step, in their order: in reflective mode every one
+        that can be; in either mode those that only make sense once a step (`per_step`,
+        e.g. `TPEProposer`)."""
+        return [p for p in self.proposers if self.batching.once_a_step(p)]  # type: ignore[misc]
 
     async def _propose(self, rollout: Rollout, ctx: StepContext, proposers: Sequence[Proposer] | None = None,
                        ) -> InstanceOutput:
@@ -241,7 +314,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return InstanceOutput(rollout=rollout, proposals=proposals, error="; ".join(errors) or None)
 
     async def _propose_batch(self, rollouts: list[Rollout], ctx: StepContext) -> list[Proposal]:
-        """The reflective proposers' proposals, each from the whole batch."""
+        """The once-a-step proposers' proposals, each from the whole batch."""
         results = await gather_all(self._ask(proposer, proposer.propose_batch, rollouts, "", ctx)
                                    for proposer in self._batch_proposers())
         proposals = [p for found in results if found is not None for p in found]
@@ -289,7 +362,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
         record.score = mean_score(rollouts)
         decisions = await self._decisions(usable, rollouts, ctx)
-        if self.selection == "pareto":
+        if self.selector.uses_pool:
             self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
@@ -385,26 +458,37 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             users.append((f"the aggregator's model {model.name!r}", model.budget, {"aggregation"}))
         return users
 
-    # Pareto selection ------------------------------------------------------------------
+    # Pool-based selection -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        if self.selection != "pareto":
-            return {}
-        return {"pool": self.pool.model_dump(mode="json"), "merges_tried": sorted(self._merges_tried)}
+        state: dict[str, Any] = {}
+        learned = {p.name: p.state_dict() for p in self.proposers if hasattr(p, "state_dict")}
+        if learned:
+            state["proposers"] = learned
+        if not self.selector.uses_pool:
+            return state
+        return {**state, "pool": self.pool.model_dump(mode="json"), "merges_tried": sorted(self._merges_tried)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pool = CandidatePool.model_validate({**state.get("pool", {}), "objectives": self.objectives})
         self._merges_tried = set(state.get("merges_tried", []))
+        for proposer in self.proposers:
+            if hasattr(proposer, "load_state_dict"):
+                proposer.load_state_dict(state.get("proposers", {}).get(proposer.name, {}))
 
-    def _start_from_the_front(self, ctx: StepContext) -> None:
-        """Apply a Pareto-front member drawn with a generator seeded by (seed, step)."""
-        weights = self.pool.front()
-        parent = self.pool.sample(np.random.default_rng([self._seed, ctx.step]))
+
+    def _start_from_the_pool(self, ctx: StepContext) -> None:
+        """Apply the parent the selector draws with a generator seeded by (seed, step)."""
+        parent = self.selector.parent(self.pool, np.random.default_rng([self._seed, ctx.step]))
+        if parent is None:
+            return
         self.agent.apply(parent.values)
-        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=weights, mean=parent.mean))
+        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(),
+                             mean=parent.mean))
 
     def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
-        validated = [d for d in decisions if d.rollouts]  # MinibatchFirst: those that reached the dataset
+        # Those validated on the whole set (not screened out by MinibatchFirst, nor dropped in a race).
+        validated = [d for d in decisions if d.rollouts and d.stage != "race"]
         if not validated:
             return
         current = self.agent.stored_values(trainable_only=True)
@@ -414,29 +498,27 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                                    validated[0].current_rollouts, step=ctx.step - 1, parent_id=None)
             ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
-            if decision.rollouts:
+            if decision in validated:
                 entry = self.pool.add(candidate.candidate_id, {**current, **candidate.update}, decision.rollouts,
                                       step=ctx.step, parent_id=parent.candidate_id,
                                       merge_parent_id=candidate.merge_parents[1] if candidate.merge_parents else None)
                 ctx.emit(PoolEvent(step=ctx.step, **entry.model_dump(mode="json"), pool_mean=entry.mean))
 
     def final_values(self) -> dict[str, Any]:
-        """The values the run would end with if it stopped now (with Pareto selection, the
-        pool's best mean; else the current values)."""
-        if self.selection == "pareto" and self.pool:
+        """The values the run would end with if it stopped now: with pool-based selection the
+        pool's best mean, else the current values (greedy's incumbent)."""
+        if self.selector.uses_pool and self.pool:
             return dict(self.pool.best().values)
         return self.agent.stored_values(trainable_only=True)
 
     def finish(self) -> bool:
-        """At the end of a run with Pareto selection, apply the pool's best mean."""
-        if self.selection != "pareto" or not self.pool:
+        """Apply `final_values()` at the end of the run; True if they differ from the current."""
+        final = self.final_values()
+        if final == self.agent.stored_values(trainable_only=True):
             return False
-        best = self.pool.best()
-        if best.values == self.agent.stored_values(trainable_only=True):
-            return False
-        logger.info("pareto selection: the run ends with candidate %s (validation mean %s)",
-                    best.candidate_id, best.mean)
-        self.agent.apply(best.values)
+        logger.info("%s selection: the run ends with the pool's best, of validation mean %s", self.selection,
+                    self.pool.best().mean)
+        self.agent.apply(final)
         return True
 
     # Helpers ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..llm.errors import BudgetExceeded
 from ..rollout import AsyncioExecutor, RolloutExecutor
 from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
 from ..llm.base import Model
-from ..stopping import RunProgress, StopCondition
+from ..search.stopping import RunProgress, StopCondition
 from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 
@@ -142,6 +142,8 @@ class Minibatch:
         self.concurrency = concurrency
         self.executor: RolloutExecutor = executor or AsyncioExecutor(concurrency)
         self._progress = False
+        # Settings a subclass adds to the run's config, which a resumed run must share.
+        self.extra_config: dict[str, Any] = {}
         if not agent.parameters(trainable_only=True):
             raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
 
@@ -268,7 +270,8 @@ class Minibatch:
         loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
         test = load_dataset(test_dataset) if test_dataset is not None else None
         config = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle,
-                  "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs}
+                  "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs,
+                  **self.extra_config}
         observers = CallbackList(callbacks or [])
         self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
@@ -392,7 +395,7 @@ class Minibatch:
             if resume:
                 raise ValueError("resume=True needs run_dir: the folder of the run to continue")
             return Checkpoint(config=config)
-        return open_run(run, self.agent, loader, config, resume)
+        return open_run(run, self.agent, loader, config, resume, extra_keys=tuple(self.extra_config))
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
         return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,

@@ -27,9 +27,11 @@ logger = logging.getLogger(__name__)
 RESUME_KEYS = ("batch_size", "seed", "shuffle", "num_examples")
 
 
-def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, Any], resume: bool) -> Checkpoint:
+def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, Any], resume: bool,
+             extra_keys: tuple[str, ...] = ()) -> Checkpoint:
     """The state to start from: a new checkpoint, or the saved one with the agent's values
-    and the loader's position restored and the unsaved lines discarded."""
+    and the loader's position restored and the unsaved lines discarded. `extra_keys`:
+    more settings of `config` the resumed run must share (a trainer's own)."""
     saved = run.load_checkpoint()
     if saved is None:
         if run.holds_a_run():
@@ -49,9 +51,10 @@ def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, An
     for key in RESUME_KEYS:
         if key not in saved.config:
             raise damaged(run.checkpoint_path, f"config: it has no {key}")
-        if saved.config[key] != config[key]:
-            raise RunDirError(f"cannot resume {run.path}: it was started with {key}={saved.config[key]!r}, "
-                              f"this call has {key}={config[key]!r}")
+    for key in (*RESUME_KEYS, *extra_keys):
+        if saved.config.get(key) != config.get(key):
+            raise RunDirError(f"cannot resume {run.path}: it was started with {key}={_short(saved.config.get(key))}, "
+                              f"this call has {key}={_short(config.get(key))}")
     _check_values(agent, saved.parameters, run.checkpoint_path, "parameters")
     try:
         if saved.loader_state:
@@ -70,6 +73,11 @@ def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, An
     saved.config = config
     logger.info("resuming %s after step %d", run.path, saved.step)
     return saved
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _check_run_files(run: RunDir, saved: Checkpoint, agent: Agent) -> None:

@@ -1,0 +1,17 @@
+"""How every search option is given: a name from a short list, or an object of its protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def choose(option: str, spec: Any, protocol: type, choices: Mapping[str, Callable[[], T]]) -> T:
+    """`spec` itself when it follows `protocol`, else the object its name makes."""
+    if isinstance(spec, protocol):
+        return spec  # type: ignore[return-value]
+    if not isinstance(spec, str) or spec not in choices:
+        raise ValueError(f"{option} must be one of {sorted(choices)} or a {protocol.__name__}, got {spec!r}")
+    return choices[spec]()

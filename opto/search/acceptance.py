@@ -1,0 +1,299 @@
+"""Validation policies: decide whether a candidate update is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._io import json_key
+from ..agent import Agent
+from ..data import Example, load_dataset
+from ..guides import Guide
+from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
+from ..stats import holm, paired_test
+
+__all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
+
+
+class Decision(BaseModel):
+    """The verdict on one candidate, with the scores it was based on."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    candidate_id: str
+    accepted: bool
+    current_score: float | None = None
+    candidate_score: float | None = None
+    reason: str = ""
+    # MinibatchFirst: "minibatch" when the batch alone decided (a rejection), "dataset" when
+    # the candidate went on to the validation set; `rollouts_saved` counts the validation
+    # rollouts a rejection on the batch did not need.
+    stage: str | None = None
+    rollouts_saved: int = 0
+    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    current_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # The candidate's rollouts on the step's batch when it was screened there first.
+    screening_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # With `alpha`: the paired test of "not better" on the examples both were scored on.
+    test: str | None = None
+    p_value: float | None = None
+    difference: float | None = None
+    difference_interval: tuple[float, float] | None = None
+
+
+class ValidationContext(BaseModel):
+    """What a policy may use: the agent and guide, the step's batch and its rollouts."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    agent: Agent
+    guide: Guide
+    batch: list[Example]
+    current_rollouts: list[Rollout]
+    min_score: float | None = None
+    executor: RolloutExecutor = Field(default_factory=AsyncioExecutor)
+    improvement_threshold: float = 0.0
+    rollout_timeout: float | None = None
+
+
+class Validation:
+    """Base class: `decide` scores a candidate update against the current values."""
+
+    name = "custom"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        raise NotImplementedError
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        """The fewest agent runs this policy makes in one step (for the budget check)."""
+        return 0
+
+    alpha: float | None = None
+    accept_ties: bool = False
+
+    def compare(self, candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
+                ) -> Decision:
+        """Accept only a strict improvement over current + threshold (a tie is rejected,
+        unless `accept_ties`);
+        with `alpha`, also only one that a one-sided paired test finds significant
+        (`opto.stats.paired_test`: the exact sign test for 0/1 scores, a paired bootstrap
+        for graded ones).
+
+        A candidate under which more examples fail (the agent or guide raised) is
+        rejected whatever its mean: with `min_score=None` failures are left out of
+        means, and a candidate must not win by breaking the examples it cannot do.
+        """
+        current_score, candidate_score = mean_score(current), mean_score(candidate)
+        current_failed, candidate_failed = sum(r.failed for r in current), sum(r.failed for r in candidate)
+        if candidate_failed > current_failed:
+            reason, accepted = f"the candidate failed on {candidate_failed} examples, the current values on " \
+                f"{current_failed}", False
+        elif candidate_score is None:
+            reason, accepted = "the candidate could not be scored", False
+        elif current_score is None:
+            reason, accepted = "the current values could not be scored; the scored candidate wins", True
+        else:
+            accepted = candidate_score > current_score + threshold or (
+                self.accept_ties and candidate_score == current_score + threshold)
+            relation = (">=" if candidate_score == current_score + threshold else ">") if accepted else "<="
+            reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
+        decision = Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
+                            candidate_score=candidate_score, reason=reason, rollouts=list(candidate),
+                            current_rollouts=list(current))
+        return self._significance(decision, current, candidate) if self.alpha is not None else decision
+
+    def _significance(self, decision: Decision, current: Sequence[Rollout], candidate: Sequence[Rollout]) -> Decision:
+        """The decision with the paired test's verdict: a win that is not significant is rejected."""
+        before = {r.example_id: r.score for r in current}
+        pairs = [(before[r.example_id], r.score) for r in candidate
+                 if r.score is not None and before.get(r.example_id) is not None]
+        if not pairs:
+            return decision
+        found = paired_test([a for a, _ in pairs], [b for _, b in pairs])  # type: ignore[misc]
+        significant = found.p_value <= self.alpha  # type: ignore[operator]
+        verdict = (f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
+                   f"difference {found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}]")
+        return decision.model_copy(update={
+            "accepted": decision.accepted and significant, "reason": f"{decision.reason}; {verdict}",
+            "test": found.test, "p_value": found.p_value, "difference": found.difference,
+            "difference_interval": (found.interval.low, found.interval.high)})
+
+
+class NoValidation(Validation):
+    """Accept every candidate."""
+
+    name = "none"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        return Decision(candidate_id=candidate_id, accepted=True, current_score=mean_score(ctx.current_rollouts),
+                        reason="validation='none' accepts every candidate")
+
+
+class MinibatchValidation(Validation):
+    """Re-run the step's batch with the candidate; the current scores are reused.
+
+    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
+    one-sided paired test on the batch finds significant at that level.
+    """
+
+    name = "minibatch"
+
+    def __init__(self, alpha: float | None = None) -> None:
+        self.alpha = check_alpha(alpha)
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        rollouts = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
+                                          timeout=ctx.rollout_timeout)
+        return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
+
+
+class DatasetValidation(Validation):
+    """Compare candidate and current values on a fixed validation dataset.
+
+    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
+    one-sided paired test on the validation examples finds significant (with several
+    candidates in a step, after Holm's correction for their number).
+
+    The current values' score is computed once per distinct set of values and reused,
+    also by candidates validated at the same time.
+
+    `accept_ties`: also accept a candidate that scores exactly as the current values on
+    the whole set. On a small set a tie often hides a real gain (the examples it would win
+    were answered right by luck), and moving on lets the search leave a plateau.
+
+    `race`: validate a candidate in chunks of this many examples (in an order drawn from
+    the update itself, so a resumed run draws the same) and stop as soon as it has lost
+    `behind` more examples than it won against the current values: most candidates are
+    worse, and each one dropped early saves the rest of the set. A dropped candidate is
+    rejected with `stage: "race"` and the rollouts it saved in `rollouts_saved`.
+    """
+
+    name = "dataset"
+
+    def __init__(self, dataset: Any, alpha: float | None = None, *, race: int | None = None,
+                 behind: int = 1, accept_ties: bool = False) -> None:
+        self.alpha = check_alpha(alpha)
+        self.accept_ties = accept_ties
+        self.examples: list[Example] = load_dataset(dataset)
+        if race is not None and (isinstance(race, bool) or not isinstance(race, int) or race < 1):
+            raise ValueError(f"race must be a chunk size >= 1 or None, got {race!r}")
+        if isinstance(behind, bool) or not isinstance(behind, int) or behind < 1:
+            raise ValueError(f"behind must be an int >= 1, got {behind!r}")
+        self.race = race
+        self.behind = behind
+        self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return len(self.examples) * (candidates + 1)  # the current values' too, the first time
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        params = ctx.agent.parameters()
+        key = json_key({p.name: p.value for p in params})
+        cached = self._current.get(key)
+        if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
+            cached = self._current[key] = asyncio.ensure_future(ctx.executor.run(
+                ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout))
+        if self.race is None:
+            rollouts = await ctx.executor.run(ctx.agent, ctx.guide, self.examples, values=update,
+                                              min_score=ctx.min_score, timeout=ctx.rollout_timeout)
+            return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
+        return await self._race(ctx, candidate_id, update, cached)
+
+    async def _race(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any],
+                    cached: asyncio.Future[list[Rollout]]) -> Decision:
+        """Validate chunk by chunk; drop the candidate once it is `behind` examples behind."""
+        order = list(self.examples)
+        random.Random(json_key({getattr(k, "name", k): v for k, v in update.items()})).shuffle(order)
+        current = {r.example_id: r for r in await asyncio.shield(cached)}
+        done: list[Rollout] = []
+        for start in range(0, len(order), self.race):  # type: ignore[arg-type]
+            done += await ctx.executor.run(ctx.agent, ctx.guide, order[start:start + self.race], values=update,
+                                           min_score=ctx.min_score, timeout=ctx.rollout_timeout)
+            lost = sum(_sign(current[r.example_id].score, r.score) for r in done)
+            if lost >= self.behind and len(done) < len(order):
+                before = [current[r.example_id] for r in done]
+                decision = self.compare(candidate_id, before, done, ctx.improvement_threshold)
+                return decision.model_copy(update={
+                    "accepted": False, "stage": "race", "rollouts_saved": len(order) - len(done),
+                    "reason": f"dropped after {len(done)} of {len(order)} examples: {lost} more lost than won"})
+        return self.compare(candidate_id, list(current.values()), done, ctx.improvement_threshold)
+
+
+class MinibatchFirst(DatasetValidation):
+    """Screen a candidate on the step's batch first; validate on the dataset only one that
+    beats the current values there.
+
+    Most candidates lose on the batch they were proposed for, and each such loss saves a
+    whole validation run (GEPA's acceptance). The batch comparison is the minibatch rule
+    (a strict win by more than `improvement_threshold`); the dataset decides the rest.
+    Works with `selection="pareto"`: only candidates that reach the dataset join the pool.
+    """
+
+    name = "minibatch_first"
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates  # a candidate that loses on the batch costs no more
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        screened = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
+                                          timeout=ctx.rollout_timeout)
+        first = MinibatchValidation().compare(candidate_id, ctx.current_rollouts, screened,
+                                   ctx.improvement_threshold)  # the screen: any strict win goes on
+        if not first.accepted:
+            return first.model_copy(update={
+                "stage": "minibatch", "rollouts_saved": len(self.examples), "rollouts": [],
+                "screening_rollouts": screened,
+                "reason": f"on the batch: {first.reason}; not validated on the dataset",
+            })
+        full = await super().decide(ctx, candidate_id, update)
+        return full.model_copy(update={"stage": full.stage or "dataset", "screening_rollouts": screened,
+                                       "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}"})
+
+
+def _sign(before: float | None, after: float | None) -> int:
+    """+1 where the candidate lost an example, -1 where it won, 0 for a tie (or no score)."""
+    if before is None or after is None or before == after:
+        return 0
+    return 1 if after < before else -1
+
+
+def holm_corrected(decisions: list[Decision], alpha: float | None) -> list[Decision]:
+    """With several tested candidates in one step, keep only the acceptances that survive
+    Holm's correction for their number (a family-wise level of `alpha`)."""
+    tested = [i for i, d in enumerate(decisions) if d.p_value is not None]
+    if alpha is None or len(tested) < 2:
+        return decisions
+    keep = holm([decisions[i].p_value for i in tested], alpha)  # type: ignore[misc]
+    found = list(decisions)
+    for index, survives in zip(tested, keep):
+        if found[index].accepted and not survives:
+            found[index] = found[index].model_copy(update={
+                "accepted": False,
+                "reason": f"{found[index].reason}; not significant after Holm's correction for {len(tested)} candidates"})
+    return found
+
+
+def check_alpha(alpha: float | None) -> float | None:
+    if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be a significance level in (0, 1), e.g. 0.05, or None; got {alpha!r}")
+    return alpha
+
+
+def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
+    """"minibatch", "none", a `Validation`, or a dataset (anything `load_dataset` reads)."""
+    if isinstance(spec, Validation):
+        return spec
+    if spec == "minibatch":
+        return MinibatchValidation()
+    if spec == "none":
+        return NoValidation()
+    if isinstance(spec, str) and not spec.endswith(".jsonl"):
+        raise ValueError(f"validation must be 'minibatch', 'none', a dataset or a Validation; got {spec!r}")
+    return DatasetValidation(spec)

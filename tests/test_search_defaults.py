@@ -157,3 +157,41 @@ def test_a_selector_a_user_writes_drives_the_run(tmp_path):
     pool_ids = [e.candidate_id for e in RunDir(tmp_path).events("pool")]
     assert parents and all(p in pool_ids for p in parents)
     assert make_selector(Newest()).name == "newest"
+
+
+@pytest.mark.parametrize("options", [
+    {"selection": "epsilon_greedy"},
+    {"selection": "top_k"},
+    {"validation": lambda: MinibatchFirst(DATA[:16], race=4, accept_ties=True)},
+], ids=["epsilon-greedy", "top-k", "race-and-ties"])
+def test_a_stopped_run_of_each_strategy_resumes_to_the_same_ledger(options, tmp_path):
+    from opto import MaxCalls
+    from world import ledger_of
+
+    def run(run_dir, **kwargs):
+        agent = LevelAgent(ScriptedModel(agent_reply, name="agent-model"), level=2)
+        brain = ScriptedModel(make_brain(delta=3), name="brain")
+        made = {k: v() if callable(v) else v for k, v in options.items()}  # a fresh validation object a run
+        trainer = AggregatedUpdate(agent, Optimizer(brain), llm=brain, **{"validation": DATA[:16], **made})
+        return trainer.train(ExactMatchGuide(), DATA[:16], batch_size=4, num_epochs=2, seed=5, progress=False,
+                             run_dir=run_dir, min_score=0.0, **kwargs)
+
+    whole = run(tmp_path / "whole")
+    assert whole.accepted >= 2
+    stopped = run(tmp_path / "parts", stop=MaxCalls(70))
+    assert stopped.stopped_reason and stopped.steps < whole.steps
+    resumed = run(tmp_path / "parts", resume=True)
+    assert resumed.final_parameters == whole.final_parameters
+    assert ledger_of(tmp_path / "parts") == ledger_of(tmp_path / "whole")
+
+
+def test_a_validation_object_reused_by_another_run_measures_the_current_values_again():
+    validation = DatasetValidation(DATA[:8])
+    # The same values in both runs; the first run's agent model gets everything wrong.
+    for reply, expected in ((lambda messages: "wrong", {0.0}), (agent_reply, {1.0})):
+        agent = LevelAgent(ScriptedModel(reply, name="agent-model"), level=10)
+        brain = ScriptedModel(make_brain(delta=1), name="brain")
+        trainer = AggregatedUpdate(agent, Optimizer(brain), llm=brain, validation=validation)
+        trainer.train(ExactMatchGuide(), DATA[30:34], batch_size=4, progress=False, min_score=0.0)
+        start = [f for key, f in validation._current.items() if '"level 10"' in key]
+        assert start and {r.score for r in start[0].result()} == expected

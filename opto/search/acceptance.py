@@ -72,6 +72,9 @@ class Validation:
         """The fewest agent runs this policy makes in one step (for the budget check)."""
         return 0
 
+    def reset(self) -> None:
+        """Forget what was measured in an earlier run (called when a run starts)."""
+
     alpha: float | None = None
     accept_ties: bool = False
 
@@ -192,6 +195,9 @@ class DatasetValidation(Validation):
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
         return len(self.examples) * (candidates + 1)  # the current values' too, the first time
+
+    def reset(self) -> None:
+        self._current = {}  # another run may have another agent model: nothing measured carries over
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         params = ctx.agent.parameters()

@@ -181,6 +181,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self._seed = kwargs.get("seed", 0)
         if self.auto_validation:
             train_dataset = self._hold_out(load_dataset(train_dataset), kwargs.get("batch_size", 1))
+        self.validation.reset()
         self._unread_warned, self._read = set(), set()
         self.remember(guide, kwargs.get("stepsize", 0.5), kwargs.get("min_score"))
         return await super().atrain(guide, train_dataset, **kwargs)

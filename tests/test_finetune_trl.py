@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_models import build_tiny_model
 from world import make_run
 
 from opto.cli import main
@@ -33,35 +34,6 @@ try:
     from trl.data_utils import is_conversational, maybe_apply_chat_template
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError(f"the TRL tests need the trl extra: pip install torch==2.13.0 'opto[trl]' ({exc})") from exc
-
-SPECIALS = ["<unk>", "<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-
-def build_tiny_model(folder: Path, texts: list[str]) -> Path:
-    """A byte-level BPE tokenizer trained on `texts` and a 1-layer Llama with random weights."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
-                                                eos_token="<|end|>")
-    fast.chat_template = CHAT_TEMPLATE
-    config = transformers.LlamaConfig(
-        vocab_size=len(fast), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=fast.pad_token_id,
-        eos_token_id=fast.eos_token_id, bos_token_id=None)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return folder
-
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -104,6 +76,7 @@ def test_dpo_trains_two_steps_on_cpu_and_saves_the_model(exported: dict[str, Pat
     after = transformers.AutoModelForCausalLM.from_pretrained(tuned)
     changed = [name for name, p in after.state_dict().items() if not torch.equal(p, before.state_dict()[name])]
     assert changed, "two DPO steps with lr 1e-3 should move the weights"
+    assert _runs_in_opto(tuned)  # the trained folder is a model opto runs
     # The job's state is on disk, readable by another adapter (another process).
     other = TRLAdapter(exported["model"], output_dir=exported["folder"] / "jobs")
     assert asyncio.run(other.status(ref.job_id)).status == "succeeded"
@@ -167,6 +140,16 @@ def test_submit_returns_at_once_and_a_lora_run_saves_an_adapter(exported: dict[s
 
     base = transformers.AutoModelForCausalLM.from_pretrained(exported["model"])
     assert isinstance(PeftModel.from_pretrained(base, tuned), PeftModel)
+    assert _runs_in_opto(tuned)  # the adapter, on the base its config names
+
+
+def _runs_in_opto(folder: Path) -> bool:
+    """`TransformersModel` loads what TRL wrote and answers a chat message with it."""
+    from opto.llm import TransformersModel
+
+    model = TransformersModel(folder, batch_wait=0)
+    reply = asyncio.run(model.complete([{"role": "user", "content": "Count the items"}], max_tokens=4))
+    return reply.usage.completion_tokens > 0 and model.usage.calls == 1
 
 
 def test_cancel_from_another_adapter_stops_a_running_job(exported: dict[str, Path], tmp_path: Path) -> None:

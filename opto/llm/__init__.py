@@ -3,6 +3,8 @@
 - `OpenAIModel`: OpenAI or any OpenAI-compatible server (vLLM, Ollama, llama.cpp).
 - `LocalModel`: a GGUF model in-process through llama-cpp-python (SmolLM2 by default).
 - `LiteLLMModel`: any provider LiteLLM reaches (extra ``litellm``).
+- `TransformersModel`: any Hugging Face causal LM in-process, a LoRA adapter on its base
+  too, with concurrent calls batched (extra ``trl``).
 - `ScriptedModel`: replies from a script, for tests and examples.
 - `instrument(client)` / `instrument_litellm()`: an OpenAI SDK client or LiteLLM that an
   agent calls directly, traced like a `Model`.
@@ -22,6 +24,7 @@ from .otel import OtelTracing, trace_otel
 from .sampling import sampling
 from .scripted import ScriptedModel
 from .tracing import record_llm_calls, tool_result
+from .transformers_model import TransformersModel
 from .types import Completion, Message, TokenUsage, ToolCall
 from .usage import Budget, Price, UsageStats
 
@@ -45,6 +48,7 @@ __all__ = [
     "sampling",
     "TokenUsage",
     "ToolCall",
+    "TransformersModel",
     "UsageStats",
     "instrument",
     "instrument_litellm",

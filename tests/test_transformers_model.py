@@ -1,0 +1,173 @@
+"""`TransformersModel` on tiny random models built here: generation settings, batching of
+concurrent calls, logprobs, LoRA adapters, and clear errors for what it cannot run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.trl
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny_models import build_tiny_model  # noqa: E402
+
+from opto import Agent, ExactMatchGuide, Parameter, evaluate  # noqa: E402
+from opto.llm import LLMError, TransformersModel  # noqa: E402
+from opto.llm.errors import LLMRequestError  # noqa: E402
+
+TEXTS = ["the cat sat on the mat", "blades gangs situations", "answer the question"] * 5
+ASK = [{"role": "user", "content": "the cat"}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TEXTS)
+
+
+def complete_all(model: TransformersModel, count: int, **kwargs) -> list:
+    async def run():
+        return await asyncio.gather(*(model.complete(ASK, **kwargs) for _ in range(count)))
+    return asyncio.run(run())
+
+
+def test_it_generates_with_the_settings_asked(tiny):
+    model = TransformersModel(tiny, batch_wait=0)
+    [greedy] = complete_all(model, 1, max_tokens=5)
+    assert greedy.model == "model" and greedy.usage.prompt_tokens > 0 and 0 < greedy.usage.completion_tokens <= 5
+    assert greedy.truncated or greedy.finish_reason == "stop"
+    [again] = complete_all(model, 1, max_tokens=5, seed=1)  # greedy: the same text whatever the seed
+    assert again.text == greedy.text
+    [three] = complete_all(model, 1, max_tokens=6, n=3, temperature=1.0, seed=7)
+    [same] = complete_all(model, 1, max_tokens=6, n=3, temperature=1.0, seed=8 - 1)
+    assert len(three.texts) == 3 and three.texts == same.texts  # a seed makes sampling repeatable
+    [limited] = complete_all(model, 1, max_tokens=2, temperature=1.0, seed=3)
+    assert limited.usage.completion_tokens <= 2
+
+
+def test_stop_strings_cut_the_reply(tiny):
+    model = TransformersModel(tiny, batch_wait=0)
+    [whole] = complete_all(model, 1, max_tokens=12, temperature=1.0, seed=5)
+    word = next((w for w in whole.text.split() if len(w) > 1), None)
+    if word is None:
+        pytest.skip("the random model wrote no word to stop at")  # pragma: no cover
+    [cut] = complete_all(model, 1, max_tokens=12, temperature=1.0, seed=5, stop=[word])
+    assert word not in cut.text and whole.text.startswith(cut.text)
+
+
+def test_logprobs_come_with_the_sampled_tokens(tiny):
+    model = TransformersModel(tiny, batch_wait=0)
+    [found] = complete_all(model, 1, max_tokens=4, temperature=1.0, seed=2, logprobs=True)
+    assert len(found.logprobs) == found.usage.completion_tokens
+    assert all(entry["logprob"] <= 0.0 and isinstance(entry["token"], str) for entry in found.logprobs)
+    assert "".join(entry["token"] for entry in found.logprobs).strip() == found.text.strip()
+
+
+def test_concurrent_calls_with_the_same_settings_share_a_generate(tiny):
+    model = TransformersModel(tiny, max_batch_size=4, batch_wait=0.5)
+    replies = complete_all(model, 8, max_tokens=3)
+    assert len(replies) == 8 and model.generate_calls == 2  # two full batches of 4
+    alone = TransformersModel(tiny, batch_wait=0)
+    assert [r.text for r in replies] == [alone_reply.text for alone_reply in complete_all(alone, 8, max_tokens=3)]
+
+    async def mixed():  # other settings are another batch
+        return await asyncio.gather(model.complete(ASK, max_tokens=3), model.complete(ASK, max_tokens=4))
+    before = model.generate_calls
+    asyncio.run(mixed())
+    assert model.generate_calls == before + 2
+
+
+class Echo(Agent):
+    def __init__(self, model: TransformersModel) -> None:
+        self.model = model
+        self.prompt = Parameter("Answer.")
+
+    async def forward(self, x: str) -> str:
+        reply = await self.model.complete([{"role": "system", "content": self.prompt.value},
+                                           {"role": "user", "content": x}], max_tokens=3)
+        return reply.text
+
+
+def test_an_evaluation_at_concurrency_batches_its_calls_and_counts_usage(tiny):
+    model = TransformersModel(tiny, batch_wait=0.2)
+    data = [{"x": f"the cat {i}", "info": "mat"} for i in range(12)]
+    result = evaluate(Echo(model), ExactMatchGuide(), data, concurrency=12)
+    assert len(result.rollouts) == 12 and all(not r.failed for r in result.rollouts)
+    assert model.generate_calls <= 3 and model.usage.calls == 12 and model.usage.completion_tokens > 0
+
+
+def test_a_lora_adapter_runs_on_its_base(tiny, tmp_path):
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny)
+    tuned = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    tuned.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tiny)
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    on_top = TransformersModel(tmp_path / "adapter", batch_wait=0)  # the base is read from the adapter
+    assert on_top.path == Path(tiny) and on_top.adapter == tmp_path / "adapter"
+    [reply] = complete_all(on_top, 1, max_tokens=3)
+    assert reply.usage.completion_tokens > 0
+    from peft import PeftModel
+
+    assert isinstance(on_top.load()[2], PeftModel)
+
+    other = build_tiny_model(tmp_path / "other", ["completely different words here"] * 5)
+    with pytest.raises(LLMError, match="trained on .* not on"):
+        TransformersModel(other, adapter=tmp_path / "adapter").load()
+
+
+def test_what_it_cannot_run_is_refused_with_the_reason(tiny, tmp_path):
+    import shutil
+
+    import transformers
+
+    with pytest.raises(FileNotFoundError, match="no model at"):
+        TransformersModel(tmp_path / "missing")
+    no_template = tmp_path / "no-template"
+    shutil.copytree(tiny, no_template)
+    config = json.loads((no_template / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (no_template / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in no_template.glob("chat_template*"):
+        extra.unlink()
+    with pytest.raises(LLMError, match="no chat template"):
+        TransformersModel(no_template).load()
+    bert = tmp_path / "distilbert"  # an encoder: no causal language model head exists for it
+    transformers.DistilBertModel(transformers.DistilBertConfig(vocab_size=50, dim=8, n_layers=1, n_heads=2,
+                                                               hidden_dim=8)).save_pretrained(bert)
+    shutil.copy(tiny / "tokenizer.json", bert / "tokenizer.json")
+    shutil.copy(tiny / "tokenizer_config.json", bert / "tokenizer_config.json")
+    with pytest.raises(LLMError, match="not a causal language model"):
+        TransformersModel(bert).load()
+    with pytest.raises(LLMRequestError, match="does not call tools"):
+        asyncio.run(TransformersModel(tiny).complete(ASK, tools=[{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {}}}}]))
+    with pytest.raises(ValueError, match="max_batch_size"):
+        TransformersModel(tiny, max_batch_size=0)
+
+
+@pytest.mark.local_model
+def test_the_embedded_model_converted_once_answers_like_the_gguf_one(tmp_path):
+    from opto.datasets import bigbench
+    from opto.llm.transformers_model import embedded_model_folder
+
+    folder = embedded_model_folder(tmp_path)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".converting-")]
+    started = os.stat(folder / "model.safetensors").st_mtime_ns
+    assert embedded_model_folder(tmp_path) == folder  # reused, not converted again
+    assert os.stat(folder / "model.safetensors").st_mtime_ns == started
+    demos = [turn for e in bigbench("plural", split="train", n=4, seed=0)
+             for turn in ({"role": "user", "content": e.x}, {"role": "assistant", "content": e.info[0]
+                                                             if isinstance(e.info, list) else e.info})]
+    model = TransformersModel(folder, batch_wait=0)
+    reply = asyncio.run(model.complete([{"role": "system", "content": "Answer the question."}, *demos,
+                                        {"role": "user", "content": "This is a blade"}], max_tokens=8, stop=["\n"]))
+    assert reply.text.strip() == "blades"

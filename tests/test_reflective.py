@@ -11,7 +11,7 @@ import pytest
 
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter, RunDir, ScriptedModel
 from opto.search.components import RoundRobin, focused, make_component_selector
-from world import agent_reply, dataset, make_level_trainer, requests_of
+from world import dataset, make_level_trainer, requests_of
 
 TRAIN = dataset([0, 1, 2, 3, 4, 5, 6, 7])
 

@@ -249,9 +249,9 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
             raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
         max_steps = getattr(args, "max_steps", None)
         method = getattr(args, "method", "dpo")
-        if method not in ("dpo", "grpo"):
-            raise ValueError(f"--backend trl trains with --method dpo or grpo, not {method}")
-        return TRLAdapter(model or "", output_dir=args.output_dir, method=method,
+        if method not in ("dpo", "grpo", "sft", "supervised"):
+            raise ValueError(f"--backend trl trains with --method dpo, sft or grpo, not {method}")
+        return TRLAdapter(model or "", output_dir=args.output_dir, method="sft" if method == "supervised" else method,
                           **({"max_steps": max_steps} if max_steps else {}), config=options,
                           lora=True if getattr(args, "lora", False) else None)
     if args.backend == "art":

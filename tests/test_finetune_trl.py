@@ -152,6 +152,31 @@ def _runs_in_opto(folder: Path) -> bool:
     return reply.usage.completion_tokens > 0 and model.usage.calls == 1
 
 
+def test_sft_on_the_supervised_export_trains_and_runs_in_opto(exported: dict[str, Path], tmp_path: Path,
+                                                              capsys) -> None:
+    """`opto export --format openai-sft` -> `opto finetune submit --backend trl --method sft` -> the model runs."""
+    sft = tmp_path / "sft.jsonl"
+    assert main(["export", str(exported["folder"] / "run"), "--source", "all", "--format", "openai-sft",
+                 "--out", str(sft)]) == 0
+    records = [json.loads(line) for line in sft.read_text().splitlines()]
+    assert records and all(r["messages"][-1]["role"] == "assistant" for r in records)
+    capsys.readouterr()
+    code = main(["finetune", "submit", str(sft), "--backend", "trl", "--method", "sft", "--model",
+                 str(exported["model"]), "--output-dir", str(tmp_path / "jobs"), "--max-steps", "2",
+                 "--poll-interval", "0.2", "--hyperparameter", "learning_rate=1e-3", "--wait"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "succeeded" in printed, printed
+    tuned = Path(printed.split("fine-tuned model: ", 1)[1].split()[0])
+    before = transformers.AutoModelForCausalLM.from_pretrained(exported["model"])
+    after = transformers.AutoModelForCausalLM.from_pretrained(tuned)
+    assert any(not torch.equal(p, before.state_dict()[name]) for name, p in after.state_dict().items())
+    assert _runs_in_opto(tuned)
+    with pytest.raises(DatasetFormatError):  # a preference file is not supervised data
+        asyncio.run(TRLAdapter(exported["model"], output_dir=tmp_path / "bad", method="sft").submit(exported["chat"]))
+    with pytest.raises(ValueError, match="'dpo', 'sft' or 'grpo'"):
+        TRLAdapter(exported["model"], output_dir=tmp_path, method="ppo")
+
+
 def test_cancel_from_another_adapter_stops_a_running_job(exported: dict[str, Path], tmp_path: Path) -> None:
     adapter = TRLAdapter(exported["model"], output_dir=tmp_path, max_steps=100000, per_device_train_batch_size=1)
     ref = asyncio.run(adapter.submit(exported["chat"]))

@@ -38,14 +38,17 @@ _INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings
 
 class TRLAdapter(WorkerJobAdapter):
     """Train locally on a Hugging Face model, in a child process per job: DPO with TRL on
-    preference pairs, or GRPO on trajectory groups (`method="grpo"`, `opto.finetune.grpo`).
+    preference pairs, supervised fine-tuning (`method="sft"`) on chosen replies, or GRPO on
+    trajectory groups (`method="grpo"`, `opto.finetune.grpo`).
 
     Args:
         model_path: a local model folder (or hub id) with its tokenizer.
         output_dir: where each job's folder is made.
-        method: "dpo" (a trl-chat or trl file) or "grpo" (an art file of trajectory groups).
+        method: "dpo" (a trl-chat or trl file), "sft" (an openai-sft file of
+            `{"messages": [...]}` records, e.g. `opto export RUN --format openai-sft
+            --min-score 1`) or "grpo" (an art file of trajectory groups).
         beta: the DPO temperature (how far from the reference model); for GRPO the KL
-            penalty against the starting model (0 turns it off).
+            penalty against the starting model (0 turns it off); unused by SFT.
         learning_rate, num_train_epochs, max_steps, per_device_train_batch_size,
         gradient_accumulation_steps, max_length, seed: the usual `DPOConfig` settings
             (`max_steps=-1` trains for `num_train_epochs`).
@@ -82,8 +85,8 @@ class TRLAdapter(WorkerJobAdapter):
         min_examples: int = 1,
         cancel_grace: float = 10.0,
     ) -> None:
-        if method not in ("dpo", "grpo"):
-            raise ValueError(f"method must be 'dpo' or 'grpo', got {method!r}")
+        if method not in ("dpo", "sft", "grpo"):
+            raise ValueError(f"method must be 'dpo', 'sft' or 'grpo', got {method!r}")
         self.model_path = str(model_path)
         self.output_dir = Path(output_dir)
         self.method = method
@@ -129,7 +132,7 @@ class TRLAdapter(WorkerJobAdapter):
         if not isinstance(dataset, (str, Path)):
             raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
         _require_trl(self.lora is not None)
-        fmt = "art" if self.method == "grpo" else _detect_format(Path(dataset))
+        fmt = {"grpo": "art", "sft": "openai-sft"}.get(self.method) or _detect_format(Path(dataset))
         validate_jsonl(dataset, fmt, min_examples=self.min_examples)
         if validation_dataset is not None:
             validate_jsonl(validation_dataset, fmt, min_examples=1)

@@ -41,13 +41,16 @@ def main(folder: str) -> int:
 
 
 def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
-    """Train; returns the saved model's folder, or None when cancelled."""
+    """DPO, or SFT (`method="sft"`); returns the saved model's folder, or None when cancelled."""
     if files.cancel.exists():
         return None
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    supervised = job.get("method") == "sft"
+    config_class, trainer_class = (SFTConfig, SFTTrainer) if supervised else (DPOConfig, DPOTrainer)
 
     class Progress(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -65,11 +68,16 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
     settings.setdefault("report_to", "none")
     settings.setdefault("save_strategy", "no")
     settings.setdefault("logging_steps", 1)
-    args = DPOConfig(output_dir=str(files.folder / "trainer"), **settings)
+    if supervised:
+        settings.pop("beta", None)  # a preference setting
+    args = config_class(output_dir=str(files.folder / "trainer"), **settings)
     tokenizer = AutoTokenizer.from_pretrained(job["model_path"])
     train_set = Dataset.from_list(read_jsonl(job["dataset"]))
     evaluation = Dataset.from_list(read_jsonl(job["validation"])) if job.get("validation") else None
-    if isinstance(train_set[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
+    if supervised and not getattr(tokenizer, "chat_template", None):
+        raise DatasetFormatError(f"{job['dataset']} holds chat messages but the tokenizer of {job['model_path']} "
+                                 "has no chat template to render them; give the tokenizer a chat_template")
+    if not supervised and isinstance(train_set[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
         raise DatasetFormatError(
             f"{job['dataset']} is conversational (trl-chat) but the tokenizer of {job['model_path']} has no chat "
             "template; export with --format trl --tokenizer MODEL instead, or give the tokenizer a chat_template")
@@ -78,7 +86,7 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
         from peft import LoraConfig
 
         peft_config = LoraConfig(**job["lora"])
-    trainer = DPOTrainer(model=job["model_path"], args=args, train_dataset=train_set, eval_dataset=evaluation,
+    trainer = trainer_class(model=job["model_path"], args=args, train_dataset=train_set, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=[Progress()], peft_config=peft_config)
     files.update(message="training")
     trainer.train()

@@ -276,5 +276,5 @@ def test_grpo_refuses_a_file_that_is_not_groups_and_groups_that_cannot_teach(exp
     final = asyncio.run(adapter.wait_until_complete(asyncio.run(adapter.submit(flat)), poll_interval=0.2,
                                                     timeout=240))
     assert final.status == "failed" and "has rewards that vary (1 dropped)" in final.error
-    with pytest.raises(ValueError, match="method must be 'dpo' or 'grpo'"):
+    with pytest.raises(ValueError, match="method must be 'dpo', 'sft' or 'grpo'"):
         TRLAdapter(exported["model"], output_dir=tmp_path, method="ppo")

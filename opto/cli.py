@@ -240,7 +240,8 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
         raise ValueError({"openai": "submit needs --model, the base model to fine-tune",
                           "nemo": "submit needs --model, the Customizer config of the base model "
                                   "(e.g. meta/llama-3.2-1b-instruct@v1.0.0+A100)",
-                          "trl": "submit needs --model, the folder of the Hugging Face model to train",
+                          "trl": "submit needs --model, the folder of the Hugging Face model to train (or "
+                                 "'embedded', the embedded SmolLM2)",
                           "art": "submit needs --model, the name of the trained model (ART serves it as a LoRA)"
                           }[args.backend])
     options = _hyperparameters(getattr(args, "hyperparameter", None))
@@ -249,6 +250,10 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
             raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
         max_steps = getattr(args, "max_steps", None)
         method = getattr(args, "method", "dpo")
+        if model == "embedded":  # the embedded SmolLM2, converted to a Hugging Face folder once
+            from .llm.transformers_model import embedded_model_folder
+
+            model = str(embedded_model_folder())
         if method not in ("dpo", "grpo", "sft", "supervised"):
             raise ValueError(f"--backend trl trains with --method dpo, sft or grpo, not {method}")
         return TRLAdapter(model or "", output_dir=args.output_dir, method="sft" if method == "supervised" else method,
@@ -330,10 +335,10 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--output-dir", help="trl, art: where job folders are")
         if action == "submit":
             sub.add_argument("--model", help="the base model (openai: its name; nemo: its Customizer config; "
-                             "trl: a model folder)")
+                             "trl: a model folder, or 'embedded' for the embedded SmolLM2)")
             sub.add_argument("--method", choices=["dpo", "supervised", "sft", "grpo"], default="dpo",
-                             help="openai, nemo: dpo (default) or supervised (sft); trl: dpo or grpo (on an art "
-                             "file of trajectory groups)")
+                             help="openai, nemo: dpo (default) or supervised (sft); trl: dpo, sft, or grpo (on an "
+                             "art file of trajectory groups)")
             sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
                              help="openai: e.g. n_epochs=2, beta=0.1; nemo: e.g. epochs=1, beta=0.1; "
                              "trl: any DPOConfig setting (repeatable)")

@@ -171,3 +171,28 @@ def test_the_embedded_model_converted_once_answers_like_the_gguf_one(tmp_path):
     reply = asyncio.run(model.complete([{"role": "system", "content": "Answer the question."}, *demos,
                                         {"role": "user", "content": "This is a blade"}], max_tokens=8, stop=["\n"]))
     assert reply.text.strip() == "blades"
+
+
+@pytest.mark.local_model
+def test_the_embedded_model_is_a_base_the_cli_fine_tunes(tmp_path, monkeypatch, capsys):
+    """`opto finetune submit sft.jsonl --backend trl --method sft --model embedded`: the
+    embedded SmolLM2 trained one step with LoRA, and the adapter runs in opto."""
+    from opto.cli import main
+
+    monkeypatch.setenv("OPTO_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "sft.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "system", "content": "Answer the question."},
+                                                       {"role": "user", "content": f"This is a {w}"},
+                                                       {"role": "assistant", "content": f"{w}s"}]})
+                              for w in ("blade", "gang", "town", "cat")) + "\n")
+    code = main(["finetune", "submit", str(data), "--backend", "trl", "--method", "sft", "--model", "embedded",
+                 "--output-dir", str(tmp_path / "jobs"), "--max-steps", "1", "--lora", "--poll-interval", "0.5",
+                 "--hyperparameter", "per_device_train_batch_size=2", "--wait"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "succeeded" in printed, printed
+    assert "SmolLM2" in printed  # the base the job names is the converted embedded folder
+    adapter = Path(printed.split("fine-tuned model: ", 1)[1].split()[0])
+    model = TransformersModel(adapter, batch_wait=0)
+    assert model.path.name.startswith("SmolLM2") and model.adapter == adapter
+    reply = asyncio.run(model.complete([{"role": "user", "content": "This is a dog"}], max_tokens=4))
+    assert reply.usage.completion_tokens > 0

@@ -16,7 +16,8 @@ from ..guides import Guide
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from ..stats import holm, paired_test
 
-__all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation", "make_validation"]
+__all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation",
+           "make_validation"]
 
 
 class Decision(BaseModel):
@@ -30,8 +31,8 @@ class Decision(BaseModel):
     candidate_score: float | None = None
     reason: str = ""
     # MinibatchFirst: "minibatch" when the batch alone decided (a rejection), "dataset" when
-    # the candidate went on to the validation set; `rollouts_saved` counts the validation
-    # rollouts a rejection on the batch did not need.
+    # the candidate went on to the validation set; "race" when a race dropped it part-way.
+    # `rollouts_saved` counts the validation rollouts such a rejection did not need.
     stage: str | None = None
     rollouts_saved: int = 0
     rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)

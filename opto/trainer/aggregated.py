@@ -39,19 +39,19 @@ from ..llm.errors import BudgetExceeded, LLMError
 from ..llm.usage import Budget
 from ..optimizers import BatchProposer, Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
+from ..search.acceptance import (DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, Validation,
+                                 ValidationContext, holm_corrected, make_validation)
 from ..search.batching import ProposalBatching, make_batching
 from ..search.candidates import CandidateSource, make_candidate_source
 from ..search.components import ComponentSelector, focused, make_component_selector
-from .failures import check_failures
+from ..search.holdout import HoldOut
 from ..search.merge import LineageMerge, MergePlan
-from .minibatch import Minibatch, StepContext
-from .proposal_scoring import check_score_proposals, score_proposals
 from ..search.pool import START_ID, CandidatePool, check_objectives
 from ..search.selection import CandidateSelector, make_selector
+from .failures import check_failures
+from .minibatch import Minibatch, StepContext
+from .proposal_scoring import check_score_proposals, score_proposals
 from .trace_compat import InstanceOutput, TraceCompatible
-from ..search.holdout import HoldOut
-from ..search.acceptance import (DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, Validation,
-                         ValidationContext, holm_corrected, make_validation)
 
 __all__ = ["AggregatedUpdate", "InstanceOutput"]
 
@@ -222,7 +222,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self._start_from_the_pool(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
-        self._focus = self.components.select([p.name for p in self.agent.parameters(trainable_only=True)], ctx.step)
+        names = [p.name for p in self.agent.parameters(trainable_only=True)]
+        focus = self.components.select(names, ctx.step)
+        self._focus = None if set(focus) >= set(names) else focus  # None: every parameter, no copies needed
         rollouts, outputs = await self._rollouts_and_proposals(batch, ctx)
         proposals = [p for o in outputs for p in o.proposals]
         proposals += await self._propose_batch(rollouts, ctx)
@@ -238,11 +240,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """Tell each proposer that learns from scores (`observe`, e.g. `TPEProposer`) the
         validation score of the candidate each of its proposals went into (None when the
         candidate was not scored on the whole validation set)."""
-        learners = [p for p in self.proposers if hasattr(p, "observe")]
+        learners = {p.name: p for p in self.proposers if hasattr(p, "observe")}
         if not learners:
             return
-        whole = {d.candidate_id: d.candidate_score for d in record.decisions
-                 if d.stage in (None, "dataset") and isinstance(self.validation, DatasetValidation)}
+        # Scores on the whole validation set (not a batch's, a screening's or a race's part).
+        whole = {d.candidate_id: d.candidate_score for d in record.decisions if d.stage in (None, "dataset")} \
+            if isinstance(self.validation, DatasetValidation) else {}
         told: dict[str, float | None] = {}
         for event in record.events:
             if event.type == "candidate" and event.final:
@@ -250,10 +253,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                     if told.get(proposal_id) is None:
                         told[proposal_id] = whole.get(event.candidate_id)
         for event in record.events:
-            if event.type == "proposal":
-                for learner in learners:
-                    if learner.name == event.proposer:
-                        learner.observe(event.proposal_id, told.get(event.proposal_id))
+            if event.type == "proposal" and event.proposer in learners:
+                learners[event.proposer].observe(event.proposal_id, told.get(event.proposal_id))
+
     async def _rollouts_and_proposals(self, batch: list[Example], ctx: StepContext,
                                       ) -> tuple[list[Rollout], list[InstanceOutput]]:
         """The agent and guide on every example under the current values, and the proposers
@@ -265,7 +267,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         order = [e.id or "" for e in batch]  # unique: load_dataset refuses repeated ids
         instances: dict[str, tuple[StepContext, asyncio.Future[InstanceOutput]]] = {}
 
-        per_instance = [p for p in self.proposers if p not in self._batch_proposers()]
+        once_a_step = self._batch_proposers()
+        per_instance = [p for p in self.proposers if p not in once_a_step]
 
         def propose(rollout: Rollout) -> None:
             own = ctx.model_copy(update={"step_record": StepRecord(step=ctx.step, epoch=ctx.epoch)})
@@ -443,7 +446,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
         llm_proposers = [p for p in self.proposers if isinstance(p, Optimizer)]
         candidates = self.candidate_source.min_candidates if llm_proposers else 1
-        reflective = [p for p in llm_proposers if p in self._batch_proposers()]
+        once_a_step = self._batch_proposers()
+        reflective = [p for p in llm_proposers if p in once_a_step]
         per_instance = len(llm_proposers) - len(reflective)
         return {"rollouts": batch_size, "proposals": batch_size * per_instance + len(reflective),
                 "aggregation": self.candidate_source.min_calls if per_instance else 0,
@@ -476,7 +480,6 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         for proposer in self.proposers:
             if hasattr(proposer, "load_state_dict"):
                 proposer.load_state_dict(state.get("proposers", {}).get(proposer.name, {}))
-
 
     def _start_from_the_pool(self, ctx: StepContext) -> None:
         """Apply the parent the selector draws with a generator seeded by (seed, step)."""

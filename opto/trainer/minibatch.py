@@ -276,7 +276,10 @@ class Minibatch:
         self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
         state = self._start_state(run, resume, loader, config)
-        writer = RunDirWriter(run, written=len(run.ledger())) if run is not None else None
+        writer = None
+        if run is not None:  # resume checked that the ledger holds the records the checkpoint counts
+            written = state.ledger_records if state.ledger_records is not None else len(run.ledger())
+            writer = RunDirWriter(run, written=written)
         if not state.initial_parameters:
             state.initial_parameters = self.agent.stored_values()
             state.parameters = dict(state.initial_parameters)

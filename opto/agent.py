@@ -17,23 +17,30 @@ from .parameters import Parameter, ParameterError, assign
 __all__ = ["Agent", "agent"]
 
 
-def _walk(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, Parameter]]:
+def _walk(value: Any, path: str, seen: set[int], kind: type = Parameter) -> Iterator[tuple[str, Any]]:
+    """Every instance of `kind` reachable from `value`, with its attribute path."""
     if id(value) in seen:
         return
-    if isinstance(value, Parameter):
+    if isinstance(value, kind):
         seen.add(id(value))
         yield path, value
     elif isinstance(value, Agent):
         seen.add(id(value))
         for attr, child in vars(value).items():
             if not attr.startswith("_"):
-                yield from _walk(child, f"{path}.{attr}" if path else attr, seen)
+                yield from _walk(child, f"{path}.{attr}" if path else attr, seen, kind)
     elif isinstance(value, (list, tuple)):
         for index, child in enumerate(value):
-            yield from _walk(child, f"{path}.{index}", seen)
+            yield from _walk(child, f"{path}.{index}", seen, kind)
     elif isinstance(value, dict):
         for key, child in value.items():
-            yield from _walk(child, f"{path}.{key}", seen)
+            yield from _walk(child, f"{path}.{key}", seen, kind)
+
+
+def find_attributes(agent: Agent, kind: type) -> dict[str, Any]:
+    """{attribute path: object} of every `kind` instance the agent holds (as `parameters`
+    finds parameters: public attributes, nested agents, lists and dicts)."""
+    return dict(_walk(agent, "", set(), kind))
 
 
 class Agent:

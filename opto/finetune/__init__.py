@@ -5,13 +5,13 @@
 async. From sync code run each with `asyncio.run(...)`::
 
     import asyncio
-    from opto.finetune import OpenAIFineTuneAdapter
+    from opto.finetune import OpenAIFineTuneAdapter, switch_model
 
     adapter = OpenAIFineTuneAdapter("gpt-4.1-mini-2025-04-14", method="dpo")
     ref = asyncio.run(adapter.submit("pairs.jsonl"))
     final = asyncio.run(adapter.wait_until_complete(ref, poll_interval=30))
     if final.succeeded:
-        adapter.switch_models(final, agent_model)   # an OpenAIModel now uses the tuned model
+        switch_model(agent, final, run_dir="runs/exp1")   # the agent now uses the tuned model
 
 Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint),
 `NeMoCustomizerAdapter` (NVIDIA NeMo Customizer), `TRLAdapter` (local DPO with TRL;
@@ -33,6 +33,7 @@ from .base import (
 from .art_adapter import ARTAdapter
 from .nemo_adapter import NeMoCustomizerAdapter, NeMoCustomizerState
 from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
+from .switch import ModelSwitch, apply_recorded_switches, switch_model
 from .trl_adapter import TRLAdapter
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "FineTuneRefused",
     "FineTuneTimeout",
     "JobState",
+    "ModelSwitch",
     "NeMoCustomizerAdapter",
     "NeMoCustomizerState",
     "OpenAIFineTuneAdapter",
@@ -51,4 +53,6 @@ __all__ = [
     "TrainerAdapter",
     "TrainingJobRef",
     "TrainingJobStatus",
+    "apply_recorded_switches",
+    "switch_model",
 ]

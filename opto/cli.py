@@ -23,6 +23,11 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    if args.finetune:
+        return _prompts_then_weights(args)
+    if args.resume:
+        raise SystemExit("opto demo: --resume continues a --finetune run (a plain demo run takes a minute; start "
+                         "it again)")
     model = _demo_model(args)
     run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.json:
@@ -57,6 +62,44 @@ def _demo(args: argparse.Namespace) -> int:
     if report.stopped_reason:
         print(f"stopped early: {report.stopped_reason}")
         return 1
+    return 0
+
+
+def _prompts_then_weights(args: argparse.Namespace) -> int:
+    from .weights import prompts_then_weights
+
+    if args.model or args.base_url:
+        raise SystemExit("opto demo --finetune trains the embedded model's weights on this machine; it does not take "
+                         "--model or --base-url")
+    if args.selection != "greedy" or args.batch_size != 4:
+        raise SystemExit("opto demo --finetune runs the prompt stages with the demo's defaults (--batch-size 4, "
+                         "--selection greedy)")
+    model = _demo_model(args)
+    run_dir = args.run_dir or f"runs/weights-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not args.json:
+        print(f"opto demo --finetune {args.finetune}: the prompt, then the weights of {model.name}, on BIG-bench "
+              f"{args.task} (run dir {run_dir})")
+    try:
+        report = prompts_then_weights(
+            model, run_dir=run_dir, method=args.finetune, again=not args.no_again, task=args.task, seed=args.seed,
+            train_n=args.train, validation_n=args.validation, test_n=args.test, collect_n=args.collect,
+            resume=args.resume, progress=not (args.no_progress or args.json))
+    finally:
+        model.close()
+    if args.json:
+        print(report.model_dump_json(exclude={"stages": {"__all__": {"scores", "parameters"}}}))
+        return 0
+    print(f"{'stage':<13} {'test accuracy':>14} {'95% interval':>16} {'prompt tokens/call':>19} {'calls':>6} "
+          f"{'seconds':>8}")
+    for stage in report.stages:
+        low, high = stage.test_interval
+        print(f"{stage.stage:<13} {100 * stage.test_accuracy:>13.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
+              f"{stage.prompt_tokens_per_call:>19.1f} {stage.calls:>6} {stage.seconds:>8.1f}")
+    if report.chain_change is not None and report.chain_change_interval is not None:
+        low, high = report.chain_change_interval
+        print(f"{report.stages[-1].stage} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
+              f"[{100 * low:+.1f}, {100 * high:+.1f}]")
+    print(f"time: {report.seconds:.1f} s   see it with: opto report {run_dir}")
     return 0
 
 
@@ -126,6 +169,9 @@ def _report(args: argparse.Namespace) -> int:
 
     summary = write_report(args.run_dir, args.out)
     print(f"wrote {summary.png} and {summary.markdown}")
+    if summary.stages:
+        print(f"stages: {', '.join(summary.stages) or 'none finished yet'}")
+        return 0
     test = ""
     if summary.first_test_score is not None:
         test = f"  test score {summary.first_test_score:.3f} -> {summary.last_test_score:.3f}"
@@ -386,6 +432,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="split and shuffle seed (default 0)")
     demo.add_argument("--run-dir", help="where to write the run (default runs/demo-<time>)")
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    demo.add_argument("--finetune", choices=("sft", "dpo", "grpo"),
+                      help="prompts, then weights: after the prompt stage, fine-tune the embedded model (LoRA, TRL) "
+                           "on the optimized agent's answers, asked zero-shot, then optimize the prompt again")
+    demo.add_argument("--collect", type=int, default=256,
+                      help="with --finetune: training examples the optimized agent answers (default 256)")
+    demo.add_argument("--no-again", action="store_true", help="with --finetune: stop after the fine-tuned stage")
+    demo.add_argument("--resume", action="store_true", help="with --finetune: continue the run in --run-dir")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
     gather = commands.add_parser("collect", help="RL data: the demo's few-shot agent answers each example several "

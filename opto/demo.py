@@ -35,7 +35,7 @@ from .parameters import Constraint, Demos, Parameter
 from .stats import paired_test
 from .trainer import AggregatedUpdate
 
-__all__ = ["DemoReport", "FewShotAgent", "first_line", "majority_baseline", "run_demo"]
+__all__ = ["DemoReport", "FewShotAgent", "demo_trainer", "first_line", "majority_baseline", "run_demo"]
 
 DEMO_TASK = "plural"
 
@@ -71,10 +71,15 @@ class FewShotAgent(Agent):
         )
         self.demos = Demos(max_demos=max_demos)
 
+    def messages(self, question: str, *, demos: bool = True) -> list[dict[str, str]]:
+        """The chat the model is asked: system prompt, the demos as earlier turns (unless
+        `demos=False`: the zero-shot prompt a distilled model is trained and asked on), question."""
+        shown = self.demos.as_messages() if demos else []
+        return [{"role": "system", "content": self.system_prompt.value}, *shown, {"role": "user", "content": question}]
+
     async def forward(self, question: str) -> str:
         reply = await self.model.complete(
-            [{"role": "system", "content": self.system_prompt.value}, *self.demos.as_messages(),
-             {"role": "user", "content": question}],
+            self.messages(question),
             temperature=0.0,
             max_tokens=self.max_tokens,
             seed=0,
@@ -124,6 +129,21 @@ def _test_change(run: RunDir) -> dict[str, Any]:
     return {"test_change": change.difference, "test_change_interval": (change.interval.low, change.interval.high)}
 
 
+def demo_trainer(agent: FewShotAgent, model: Model, *, task: str = DEMO_TASK, validation_n: int = 24,
+                 seed: int = 0, selection: str = "greedy") -> AggregatedUpdate:
+    """The demo's trainer: `model` proposes the prompt (`Optimizer`) and merges the
+    proposals, `DemoProposer` picks demos from the labels, the task's validation split
+    decides acceptance."""
+    return AggregatedUpdate(
+        agent,
+        [Optimizer(model, max_tokens=120, temperature=0.8), DemoProposer(source="labels")],
+        aggregator=Aggregator(model, max_tokens=160, temperature=0.8),
+        concurrency=4,
+        validation=bigbench(task, split="validation", n=validation_n, seed=seed),
+        selection=selection,
+    )
+
+
 def run_demo(
     model: Model,
     *,
@@ -147,14 +167,7 @@ def run_demo(
     agent = FewShotAgent(model)
     initial = agent.parameter_values()
     test = bigbench(task, split="test", n=test_n, seed=seed)
-    trainer = AggregatedUpdate(
-        agent,
-        [Optimizer(model, max_tokens=120, temperature=0.8), DemoProposer(source="labels")],
-        aggregator=Aggregator(model, max_tokens=160, temperature=0.8),
-        concurrency=4,
-        validation=bigbench(task, split="validation", n=validation_n, seed=seed),
-        selection=selection,
-    )
+    trainer = demo_trainer(agent, model, task=task, validation_n=validation_n, seed=seed, selection=selection)
     result = trainer.train(
         ExactMatchGuide(),
         bigbench(task, split="train", n=train_n, seed=seed),

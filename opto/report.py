@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from ._io import atomic_write_text, read_jsonl
 from .ledger import RunDir
+from .report_stages import is_stage_run, stage_report
 
 __all__ = ["ReportSummary", "write_report"]
 
@@ -44,10 +45,17 @@ class ReportSummary(BaseModel):
     # Pareto selection with a cost objective: `score_vs_cost.png`, each candidate's mean
     # validation score against its mean cost per rollout.
     cost_png: str | None = None
+    # A prompts-then-weights run: its finished stages, in order.
+    stages: list[str] = Field(default_factory=list)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
-    """Write `report.png` and `report.md` for the run in `run_dir` (into `out`, default the run dir)."""
+    """Write `report.png` and `report.md` for the run in `run_dir` (into `out`, default the run dir).
+
+    For a prompts-then-weights run (`opto demo --finetune`) the picture has one bar per
+    stage (`ReportSummary.stages`)."""
+    if Path(run_dir).is_dir() and is_stage_run(Path(run_dir)):
+        return _stages(Path(run_dir), Path(out) if out is not None else Path(run_dir))
     run = RunDir(run_dir) if Path(run_dir).is_dir() else None
     if run is None or not (run.metrics_path.exists() or run.ledger_path.exists()):
         raise FileNotFoundError(f"{run_dir} holds no opto run (no metrics.jsonl or ledger.jsonl)")
@@ -90,6 +98,17 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
                          lineage_png=str(target / "lineage.png") if lineage else None,
                          lineage_nodes=lineage[0] if lineage else 0, lineage_edges=lineage[1] if lineage else 0,
                          cost_png=str(target / "score_vs_cost.png") if costed else None)
+
+
+def _stages(folder: Path, target: Path) -> ReportSummary:
+    if not target.is_dir():
+        raise FileNotFoundError(f"--out {target} is not a folder; create it first")
+    png, markdown, stages = stage_report(folder, target)
+    return ReportSummary(png=str(png), markdown=str(markdown), steps=len(stages), accepted=0, rejected=0,
+                         first_test_score=stages[0]["test_accuracy"] if stages else None,
+                         last_test_score=stages[-1]["test_accuracy"] if stages else None,
+                         plotted_points={"stages": len(stages)}, title=f"prompts, then weights: {folder.name}",
+                         stages=[s["stage"] for s in stages])
 
 
 def _score_vs_cost(path: Path, pool: list[dict[str, Any]]) -> None:

@@ -10,9 +10,10 @@ import pytest
 from opto.data import Example, load_dataset
 from opto.datasets import SPLIT_FRACTIONS, bigbench, bigbench_tasks
 
-TASKS = ["object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural"]
+TASKS = ["object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural",
+         "past_tense"]
 SIZES = {"object_counting": 1000, "word_sorting": 1900, "sports_understanding": 1000, "logical_deduction_three_objects": 300,
-         "plural": 1702}
+         "plural": 1702, "past_tense": 1775}
 
 
 def test_task_list() -> None:

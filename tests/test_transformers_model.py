@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tiny_models import build_tiny_model  # noqa: E402
 
-from opto import Agent, ExactMatchGuide, Parameter, evaluate  # noqa: E402
+from opto import Agent, ExactMatchGuide, Guide, Parameter, evaluate  # noqa: E402
 from opto.llm import LLMError, TransformersModel  # noqa: E402
 from opto.llm.errors import LLMRequestError  # noqa: E402
 
@@ -65,6 +65,43 @@ def test_logprobs_come_with_the_sampled_tokens(tiny):
     assert len(found.logprobs) == found.usage.completion_tokens
     assert all(entry["logprob"] <= 0.0 and isinstance(entry["token"], str) for entry in found.logprobs)
     assert "".join(entry["token"] for entry in found.logprobs).strip() == found.text.strip()
+
+
+class Sampler(Agent):
+    """Asks its model with logprobs=True, as an agent whose rollouts are RL data should."""
+
+    def __init__(self, model: TransformersModel) -> None:
+        self.model = model
+        self.prompt = Parameter("answer the question", description="system prompt")
+
+    async def forward(self, question: str) -> str:
+        reply = await self.model.complete([{"role": "system", "content": self.prompt.value},
+                                           {"role": "user", "content": question}], max_tokens=3, logprobs=True)
+        return reply.text
+
+
+class LengthGuide(Guide):
+    """Rewards longer replies: the random model's samples differ, so each group's rewards do."""
+
+    def get_feedback(self, x, output, info):
+        return len(output) / 100
+
+
+def test_groups_collected_from_it_with_logprobs_export_as_on_policy(tiny, tmp_path, caplog):
+    from opto import collect
+    from opto.preference import export_run, read_groups
+
+    examples = [{"x": f"the cat {i}", "info": "blades", "id": f"e{i}"} for i in range(3)]
+    collect(Sampler(TransformersModel(tiny)), LengthGuide(), examples, samples=4, temperature=1.0,
+            run_dir=tmp_path / "run", progress=False)
+    reading = read_groups(tmp_path / "run")
+    assert len(reading.groups) == 3 and reading.stats.off_policy_trajectories == 0
+    with caplog.at_level("WARNING"):
+        export_run(tmp_path / "run", tmp_path / "groups.jsonl", format="art")
+    assert "off-policy" not in caplog.text and "carry no logprobs" not in caplog.text
+    choice = json.loads((tmp_path / "groups.jsonl").read_text().splitlines()[0])[
+        "trajectories"][0]["messages_and_choices"][-1]
+    assert choice["logprobs"]["content"] and all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
 
 
 def test_concurrent_calls_with_the_same_settings_share_a_generate(tiny):

@@ -31,7 +31,8 @@ from opto.data import DatasetError, Example
 
 __all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks", "load_bigbench"]
 
-_TASKS = ("object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural")
+_TASKS = ("object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural",
+          "past_tense")
 
 #: Fractions of each task's shuffled examples in the train, validation and test splits
 #: (test takes what is left after rounding the first two down).

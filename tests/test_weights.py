@@ -1,0 +1,129 @@
+"""Prompts, then weights (`opto.weights`): every stage of the chain on a scripted base model
+and a tiny Hugging Face model fine-tuned with TRL, its metrics, its report, and resuming it
+in the middle of fine-tuning without training twice."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from tiny_models import build_tiny_model
+
+from opto import RunDirError, ScriptedModel
+from opto.datasets import bigbench
+from opto.finetune import TRLAdapter
+from opto.finetune.switch import recorded_switches
+from opto.llm.sampling import current_sampling
+from opto.preference import validate_jsonl
+from opto.report import write_report
+from opto.weights import prompts_then_weights
+
+pytestmark = pytest.mark.trl
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SMALL = {"train_n": 4, "validation_n": 4, "test_n": 6, "collect_n": 6, "samples": 2, "progress": False,
+         "finetune": {"max_steps": 1, "per_device_train_batch_size": 2}}
+
+
+def base_reply(messages: list[dict]) -> str:
+    """The agent's model knows plurals only from demos (shown as earlier turns); with none
+    it writes a sentence. A collected sample with an odd seed is wrong, so DPO finds pairs
+    and GRPO groups with rewards that differ. As optimizer and aggregator it keeps the
+    prompt as it is."""
+    if messages[0]["content"].startswith("Answer"):
+        noun = messages[-1]["content"].rsplit(" ", 1)[-1]
+        drawn = current_sampling()
+        if drawn is not None and drawn.seed is not None and drawn.seed % 2:
+            return f"{noun}es"
+        return f"{noun}s" if len(messages) > 2 else f"The plural of {noun} is {noun}s."
+    return json.dumps({"reasoning": "keep it", "suggestion": {}})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    words = [e.x for e in bigbench("plural", n=40)] + ["Answer the question.", "blades"]
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", words)
+
+
+def run_chain(folder: Path, tiny: Path, method: str = "sft", **kwargs: object):
+    settings = {**SMALL, **kwargs}
+    return prompts_then_weights(ScriptedModel(base_reply, name="base"), run_dir=folder, method=method,
+                                base_folder=tiny, **settings)
+
+
+def test_the_chain_measures_every_stage_and_the_tuned_model_is_asked_zero_shot(tmp_path: Path, tiny: Path) -> None:
+    report = run_chain(tmp_path / "run", tiny)
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "prompt-again"]
+    zero, prompt, sft, again = report.stages
+    assert zero.test_accuracy == 0.0 and prompt.test_accuracy > 0.5  # the demos teach the scripted model
+    assert prompt.parameters["demos"] and sft.parameters["demos"] == []  # distilled: no demos in the prompt
+    assert sft.prompt_tokens_per_call < prompt.prompt_tokens_per_call
+    assert sft.model.endswith("/model") and again.model == sft.model
+    assert sft.train_records == 6 and sft.calls == 6 * 2 + 6  # collected samples, then the test
+    lo, hi = again.test_interval
+    assert lo <= again.test_accuracy <= hi and all(s.seconds > 0 for s in report.stages)
+    assert report.chain_change is not None and report.chain_change_interval is not None
+    # The data: the zero-shot form of each example with the optimized agent's correct reply.
+    data = tmp_path / "run" / "data" / "sft.jsonl"
+    assert validate_jsonl(data, "openai-sft") == 6
+    first = json.loads(data.read_text().splitlines()[0])["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[2]["content"] == first[1]["content"].rsplit(" ", 1)[-1] + "s"
+    # The metrics: a line per stage with its figures; the switch recorded; the report's bars.
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["stage"]) for m in lines] == list(enumerate(["zero-shot", "prompt", "sft", "prompt-again"]))
+    assert {"test_accuracy", "test_interval", "prompt_tokens_per_call", "calls", "seconds"} <= set(lines[0])
+    assert recorded_switches(tmp_path / "run")[0].kind == "local"
+    summary = write_report(tmp_path / "run")
+    assert summary.stages == ["zero-shot", "prompt", "sft", "prompt-again"]
+    assert "| sft | " in Path(summary.markdown).read_text() and Path(summary.png).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("method, fmt", [("dpo", "trl-chat"), ("grpo", "art")])
+def test_dpo_pairs_and_grpo_groups_come_from_the_collected_answers(tmp_path: Path, tiny: Path, method: str,
+                                                                   fmt: str) -> None:
+    report = run_chain(tmp_path / "run", tiny, method=method, again=False)
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", method]
+    data = tmp_path / "run" / "data" / f"{method}.jsonl"
+    assert validate_jsonl(data, fmt) == report.stages[-1].train_records == 6
+    record = json.loads(data.read_text().splitlines()[0])
+    if method == "dpo":  # the right answer (seed 0) over the wrong one (seed 1), asked zero-shot
+        assert len(record["prompt"]) == 2 and record["chosen"][0]["content"].endswith("s")
+        assert record["rejected"][0]["content"].endswith("es")
+    else:
+        assert sorted(t["reward"] for t in record["trajectories"]) == [0.0, 1.0]
+
+
+def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(tmp_path: Path, tiny: Path,
+                                                                               monkeypatch) -> None:
+    waited = TRLAdapter.wait_until_complete
+
+    async def crash(self, ref, **kwargs):
+        raise KeyboardInterrupt  # the process stops while the job trains
+
+    monkeypatch.setattr(TRLAdapter, "wait_until_complete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_chain(tmp_path / "run", tiny)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["stage"] for line in lines] == ["zero-shot", "prompt"]
+    with pytest.raises(RunDirError, match="already holds a prompts-then-weights run"):
+        run_chain(tmp_path / "run", tiny)
+    with pytest.raises(RunDirError, match="started with collect_n=6"):
+        run_chain(tmp_path / "run", tiny, collect_n=8, resume=True)
+
+    monkeypatch.setattr(TRLAdapter, "wait_until_complete", waited)
+    model = ScriptedModel(base_reply, name="base")
+    report = prompts_then_weights(model, run_dir=tmp_path / "run", method="sft", base_folder=tiny, resume=True, **SMALL)
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "prompt-again"]
+    assert len(list((tmp_path / "run" / "finetune").iterdir())) == 1  # the job was waited for, not submitted again
+    # The base model was asked only as prompt-again's optimizer: no stage before sft ran again, no collecting.
+    assert model.requests and not any(r["messages"][0]["content"].startswith("Answer") for r in model.requests)
+
+
+def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo"):
+        prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method="ppo")
+    assert not (tmp_path / "run").exists()

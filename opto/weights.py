@@ -210,7 +210,6 @@ class _Chain:
         return agent
 
     async def _finetune(self, method: str, prompted: dict[str, Any], base_folder: str | Path | None) -> StageResult:
-        s = self.settings
         agent = FewShotAgent(self.model)
         agent.apply(prompted)
         records = await self._training_data(agent, method)
@@ -237,13 +236,14 @@ class _Chain:
         answers: dict[str, list[tuple[str, float]]] = {}
         for record in RunDir(folder).ledger():
             if record.get("type") == "rollout" and record.get("output") is not None:
-                answers.setdefault(record["instance_id"], []).append((str(record["output"]), record.get("score") or 0.0))
+                reply = (str(record["output"]), record.get("score") or 0.0)
+                answers.setdefault(record["instance_id"], []).append(reply)
         questions = {e.id: e.x for e in examples}
         rows = [row for example_id, replies in answers.items()
                 for row in _records(method, agent.messages(questions[example_id], demos=False), replies)]
         if not rows:
-            raise FineTuneError(f"the optimized agent gave no usable {method} data on {len(examples)} training examples "
-                                f"(see {folder}); collect more examples or samples")
+            raise FineTuneError(f"the optimized agent gave no usable {method} data on {len(examples)} training "
+                                f"examples (see {folder}); collect more examples or samples")
         atomic_write_jsonl(out, rows)
         return out
 

@@ -104,6 +104,41 @@ def test_groups_collected_from_it_with_logprobs_export_as_on_policy(tiny, tmp_pa
     assert choice["logprobs"]["content"] and all(t["logprob"] <= 0 for t in choice["logprobs"]["content"])
 
 
+def test_a_prefix_every_call_shares_is_run_once_and_changes_no_answer(tiny, monkeypatch):
+    from opto.llm import transformers_model
+
+    demos = [{"role": "system", "content": "answer the question " * 6}] + [
+        turn for word in ("cat", "mat", "blade") for turn in ({"role": "user", "content": f"the {word}"},
+                                                              {"role": "assistant", "content": f"{word}s"})]
+    asks = [[*demos, {"role": "user", "content": question}] for question in ("the cat sat", "gangs", "the mat on")]
+
+    def answer(min_shared: int) -> tuple[list, int]:
+        monkeypatch.setattr(transformers_model, "MIN_SHARED_PREFIX", min_shared)
+        model = TransformersModel(tiny)
+        runs = []
+        original = model.load()[2].forward
+
+        def counting(*args, **kwargs):  # the widest input a forward pass is given
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            runs.append(ids.shape[0] * ids.shape[1])
+            return original(*args, **kwargs)
+
+        model.load()[2].forward = counting
+
+        async def run():
+            return await asyncio.gather(*(model.complete(m, max_tokens=5, logprobs=True) for m in asks))
+        return asyncio.run(run()), runs[0]
+
+    shared, first_pass = answer(16)
+    plain, plain_first_pass = answer(10_000)
+    assert [c.text for c in shared] == [c.text for c in plain]
+    assert [c.usage for c in shared] == [c.usage for c in plain]
+    for a, b in zip(shared, plain):
+        assert [round(t["logprob"], 4) for t in a.logprobs] == [round(t["logprob"], 4) for t in b.logprobs]
+    # The prefix ran once for one row; without sharing the first pass holds every row's whole prompt.
+    assert first_pass * 3 < plain_first_pass
+
+
 def test_concurrent_calls_with_the_same_settings_share_a_generate(tiny):
     model = TransformersModel(tiny, max_batch_size=4, batch_wait=0.5)
     replies = complete_all(model, 8, max_tokens=3)

@@ -11,6 +11,7 @@ concurrency 16 several times faster than one call at a time on a CPU.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -206,7 +207,7 @@ class TransformersModel(Model):
         self.generate_calls += 1
         n = settings["n"]
         rows_of = [p for p in prompts for _ in range(n)]  # each sample a row: greedy decoding has no n
-        inputs = tokenizer(rows_of, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        inputs = _inputs(torch, tokenizer, model, rows_of)
         sample = bool(settings["temperature"])
         kwargs: dict[str, Any] = {"max_new_tokens": settings["max_tokens"],
                                   "do_sample": sample, "pad_token_id": tokenizer.pad_token_id,
@@ -218,6 +219,7 @@ class TransformersModel(Model):
         if settings["seed"] is not None:
             torch.manual_seed(settings["seed"])
         with torch.inference_mode():
+            inputs.update(_prefix_cache(model, inputs))
             out = model.generate(**inputs, **kwargs)
         width = inputs["input_ids"].shape[1]
         new = out.sequences[:, width:]
@@ -248,6 +250,50 @@ class TransformersModel(Model):
 
     async def aclose(self) -> None:
         self._worker.shutdown(wait=False)
+
+
+# A prefix of at least this many tokens that every row of a batch shares (the system
+# prompt and the demos) is run once, and its cache copied to each row.
+MIN_SHARED_PREFIX = 16
+
+
+def _inputs(torch: Any, tokenizer: Any, model: Any, rows: list[str]) -> dict[str, Any]:
+    """input_ids and attention_mask for `generate`, and under "shared" the length of the
+    prefix every row shares (0 when too short to be worth it).
+
+    Rows are left-padded, except that a shared prefix stays at the start of every row with
+    the padding after it (masked out; positions come from the mask, so each row's tokens
+    sit where they would without padding): then the prefix's keys and values are the same
+    for every row and are computed once.
+    """
+    ids = [tokenizer(row, add_special_tokens=False)["input_ids"] for row in rows]
+    shared = 0
+    if len(ids) > 1:
+        shortest = min(len(row) for row in ids) - 1  # every row keeps a token to run after the cache
+        while shared < shortest and len({row[shared] for row in ids}) == 1:
+            shared += 1
+    if shared < MIN_SHARED_PREFIX:
+        shared = 0
+    width = max(len(row) for row in ids) - shared
+    pad = tokenizer.pad_token_id
+    input_ids = [row[:shared] + [pad] * (width - len(row) + shared) + row[shared:] for row in ids]
+    mask = [[1] * shared + [0] * (width - len(row) + shared) + [1] * (len(row) - shared) for row in ids]
+    return {"input_ids": torch.tensor(input_ids, device=model.device),
+            "attention_mask": torch.tensor(mask, device=model.device), "shared": shared}
+
+
+def _prefix_cache(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The cache of the shared prefix, copied for every row, as `generate` takes it ({} for none)."""
+    shared = inputs.pop("shared")
+    if not shared:
+        return {}
+    rows = inputs["input_ids"].shape[0]
+    cache = model(inputs["input_ids"][:1, :shared], use_cache=True).past_key_values
+    cache.batch_repeat_interleave(rows)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # transformers 5 renamed the argument; the old name still works there, with a warning.
+    name = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return {name: cache}
 
 
 def _length(ids: list[int], tokenizer: Any) -> int:

@@ -59,6 +59,14 @@ def _weights_snippets() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 
+def _is_agent_call(request: dict | None) -> bool:
+    """A chat request of the README's QA agent (not of its optimizer or aggregator)."""
+    if not request or "messages" not in request:
+        return False
+    system = request["messages"][0]["content"]
+    return "improve the parameters" not in system and "merge several suggested updates" not in system
+
+
 def _dpo_rows(n: int = 10) -> str:
     rows = [{"input": {"messages": [{"role": "user", "content": f"{i}+{i}?"}]},
              "preferred_output": [{"role": "assistant", "content": str(2 * i)}],
@@ -70,7 +78,7 @@ def test_readme_weights_snippets_run_as_written(tmp_path, monkeypatch, capsys):
     from opto import RunDir
     from opto.testing import FakeNeMoCustomizer
 
-    train, openai_adapter, nemo_adapter = _weights_snippets()
+    train, openai_adapter, nemo_adapter, switch = _weights_snippets()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
 
@@ -83,14 +91,22 @@ def test_readme_weights_snippets_run_as_written(tmp_path, monkeypatch, capsys):
 
     with FakeOpenAIServer(reply=reply) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-        exec(compile(train, "README.md", "exec"), {"__name__": "readme"})
+        namespace = {"__name__": "readme"}
+        exec(compile(train, "README.md", "exec"), namespace)
         assert any(r["type"] == "proposal_score" for r in RunDir(tmp_path / "runs" / "qa").ledger())
 
         (tmp_path / "pairs.jsonl").write_text(_dpo_rows())
         server.job_script = ["succeeded"]
-        exec(compile(openai_adapter, "README.md", "exec"), {"__name__": "readme"})
+        exec(compile(openai_adapter, "README.md", "exec"), namespace)
         [job] = server.jobs.values()
         assert capsys.readouterr().out.strip().splitlines()[-1] == f"succeeded {job['fine_tuned_model']}"
+
+        asked_before = len(server.requests)
+        exec(compile(switch, "README.md", "exec"), namespace)  # it continues the two snippets above
+        assert capsys.readouterr().out.strip().splitlines()[-1] == job["fine_tuned_model"]
+        agent_calls = [r.json for r in server.requests[asked_before:] if _is_agent_call(r.json)]
+        assert agent_calls and {r["model"] for r in agent_calls} == {job["fine_tuned_model"]}
+        assert (tmp_path / "runs" / "qa" / "models.json").exists()
 
     nemo_rows = [{"prompt": [{"role": "user", "content": f"{i}+{i}?"}], "chosen_response": str(2 * i),
                   "rejected_response": "no idea"} for i in range(10)]

@@ -195,7 +195,7 @@ class _Chain:
             agent = await self._optimize(FewShotAgent(self.model), self.folder / "prompt")
             return await self._measure("prompt", agent)
         if stage == "prompt-again":
-            agent = self._tuned_agent(done)
+            agent = self._tuned_agent()
             agent.apply(done[self.settings["method"]].parameters)
             agent = await self._optimize(agent, self.folder / "prompt-again")
             return await self._measure("prompt-again", agent)
@@ -216,7 +216,7 @@ class _Chain:
         if not recorded_switches(self.folder):
             status = await self._train(method, records, base_folder)
             switch_model(agent, status, run_dir=self.folder)
-        tuned = self._tuned_agent({})
+        tuned = self._tuned_agent()
         tuned.apply({**prompted, "demos": []})  # distilled: asked zero-shot
         result = await self._measure(method, tuned)  # type: ignore[arg-type]
         result.train_records = len(read_jsonl(records))
@@ -274,7 +274,8 @@ class _Chain:
                                 f"{self.folder / 'finetune' / ref.job_id / 'train.log'}); resume=True submits it again")
         return status
 
-    def _tuned_agent(self, done: dict[str, StageResult]) -> FewShotAgent:
+    def _tuned_agent(self) -> FewShotAgent:
+        """The few-shot agent on the tuned model, as the run directory's switch says."""
         agent = FewShotAgent(self.model)
         if not apply_recorded_switches(agent, self.folder):
             raise RunDirError(f"{self.folder} records no switch to a tuned model; run the fine-tuning stage first")

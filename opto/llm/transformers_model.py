@@ -5,7 +5,9 @@ on load), or a LoRA adapter folder on top of a base (peft): so a model TRL train
 run, evaluated and trained on again by opto. Calls that arrive together with the same
 settings are answered by one `generate` over a left-padded batch (`max_batch_size`,
 after waiting `batch_wait` seconds for company), which is what makes an evaluation at
-concurrency 16 several times faster than one call at a time on a CPU.
+concurrency 16 several times faster than one call at a time on a CPU. A prefix every
+prompt of a batch shares (the system prompt and the demos) is run once per batch, not
+once per row.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from world import LevelAgent
 
-from opto.finetune import ARTAdapter, FineTuneError
+from opto import OpenAIModel
+from opto.finetune import ARTAdapter, FineTuneError, switch_model
 from opto.testing import FakeARTServer
 
 KEY = "sk-art-secret-4242"
@@ -61,6 +63,9 @@ async def test_art_run_trains_and_names_the_served_step(tmp_path, groups_file):
         assert await art.is_healthy()
         ref, final = await run_job(art, groups_file)
         assert final.succeeded and final.fine_tuned_model == "agent-lora@1" and final.progress == 1.0
+        agent = LevelAgent(OpenAIModel("agent-lora", base_url=server.base_url), level=1)
+        switch_model(agent, final)  # ART serves each step under its own name
+        assert agent.model.name == "agent-lora@1" and agent.model.base_url == server.base_url
         [training] = server.trainings
         assert training["config"] == {"learning_rate": 3e-5, "beta": 0.02}  # the settings reach the backend
         assert training["dev_config"] == {"allow_training_without_logprobs": True}

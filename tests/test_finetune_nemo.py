@@ -7,8 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+from world import LevelAgent
 
-from opto.finetune import FineTuneError, FineTuneRefused, NeMoCustomizerAdapter
+from opto import OpenAIModel
+from opto.finetune import (
+    FineTuneError,
+    FineTuneRefused,
+    NeMoCustomizerAdapter,
+    switch_model,
+)
+from opto.finetune.switch import recorded_switches
 from opto.preference import DatasetFormatError
 from opto.testing import FakeNeMoCustomizer
 
@@ -54,6 +62,10 @@ def test_a_dpo_job_uploads_registers_runs_and_names_its_model(fake, tmp_path):
     assert seen == ["pending"] and final.status == "succeeded" and final.raw_status == "completed"
     assert final.fine_tuned_model == "default/tuned@v1" and final.progress == 1.0
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in fake.requests)
+    # The agent's model (served by NIM behind an OpenAI-compatible API) now asks for the output model.
+    agent = LevelAgent(OpenAIModel("meta/llama-3.2-1b-instruct", base_url="http://127.0.0.1:9/v1"), level=1)
+    switch_model(agent, final, run_dir=tmp_path / "run")
+    assert agent.model.name == "default/tuned@v1" and recorded_switches(tmp_path / "run")[0].job_id == ref.job_id
 
 
 def test_sft_sends_the_openai_sft_file_and_training_type(fake, tmp_path):

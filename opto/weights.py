@@ -8,7 +8,8 @@ directory, on the embedded SmolLM2-135M-Instruct (or any model with a Hugging Fa
 3. **sft**, **dpo** or **grpo**: the optimized agent answers every training example
    `samples` times (`opto.collect`, ``RUN/collect``); its replies become training data
    *in the zero-shot form* (system prompt and question, no demos): the correct replies
-   for SFT, a correct and a wrong reply per example for DPO, the judged groups for GRPO
+   for SFT; for DPO a correct reply over what the model itself answers zero-shot (its
+   own greedy reply when wrong, else a wrong sample); the judged groups for GRPO
    (``RUN/data``). `TRLAdapter` tunes a LoRA adapter on the base model's folder
    (``RUN/finetune``), `switch_model` points the agent at it (recorded in
    ``RUN/models.json``), and the tuned model is asked zero-shot: a distilled model costs
@@ -238,14 +239,30 @@ class _Chain:
             if record.get("type") == "rollout" and record.get("output") is not None:
                 reply = (str(record["output"]), record.get("score") or 0.0)
                 answers.setdefault(record["instance_id"], []).append(reply)
+        own = await self._own_replies(agent, examples) if method == "dpo" else {}
         questions = {e.id: e.x for e in examples}
         rows = [row for example_id, replies in answers.items()
-                for row in _records(method, agent.messages(questions[example_id], demos=False), replies)]
+                for row in _records(method, agent.messages(questions[example_id], demos=False), replies,
+                                    own.get(example_id))]
         if not rows:
             raise FineTuneError(f"the optimized agent gave no usable {method} data on {len(examples)} training "
                                 f"examples (see {folder}); collect more examples or samples")
         atomic_write_jsonl(out, rows)
         return out
+
+    async def _own_replies(self, agent: FewShotAgent, examples: list[Example]) -> dict[str, tuple[str, float]]:
+        """What the model to be tuned answers itself in the zero-shot form (greedy), judged:
+        DPO's rejected replies, so it learns away from what it would say (kept in data/)."""
+        path = self.folder / "data" / "own-replies.json"
+        if path.exists():
+            return {k: (v[0], v[1]) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        untuned = FewShotAgent(self.model)
+        untuned.apply({**agent.stored_values(), "demos": []})
+        result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
+        own = {e.id: (str(output), score or 0.0) for e, output, score in zip(examples, result.outputs, result.scores)
+               if output is not None}
+        atomic_write_json(path, {k: list(v) for k, v in own.items()})
+        return own
 
     async def _train(self, method: str, records: Path, base_folder: str | Path | None) -> TrainingJobStatus:
         """Fine-tune the base folder on `records`; a job this run started earlier is waited for."""
@@ -293,11 +310,15 @@ class _Chain:
                            scores=result.scores)
 
 
-def _records(method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]]) -> list[dict[str, Any]]:
-    """One example's training records: the first correct reply (sft), a correct and a wrong
-    reply (dpo), or the whole judged group (grpo)."""
+def _records(method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]],
+             own: tuple[str, float] | None = None) -> list[dict[str, Any]]:
+    """One example's training records: the first correct reply (sft); a correct reply over
+    the model's `own` zero-shot reply when that is wrong, else over a wrong sample (dpo);
+    or the whole judged group (grpo)."""
     right = [text for text, score in replies if score >= 1.0]
     wrong = [text for text, score in replies if score < 1.0 and text not in right]
+    if own is not None and own[1] < 1.0 and own[0] not in right:
+        wrong.insert(0, own[0])
     if method == "sft":
         return [{"messages": [*prompt, {"role": "assistant", "content": right[0]}]}] if right else []
     if method == "dpo":

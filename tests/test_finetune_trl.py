@@ -267,6 +267,20 @@ def test_grpo_on_groups_moves_probability_toward_the_higher_reward_reply(exporte
     assert margin_after > margin_before + 0.1, (margin_before, margin_after)
 
 
+def test_grpo_steps_are_minibatches_of_replies_over_the_epochs(exported, tmp_path):
+    """Each step takes `per_device_train_batch_size` replies (one graph for every reply at
+    once held tens of GB for a few hundred replies); epochs count passes over them."""
+    groups = tmp_path / "groups.jsonl"
+    groups.write_text("".join(json.dumps(art_group({str(n): 1.0, f"{n} apples": 0.0})) + "\n" for n in (2, 3, 4)))
+    adapter = TRLAdapter(exported["model"], output_dir=tmp_path / "jobs", method="grpo", num_train_epochs=2,
+                         per_device_train_batch_size=4, learning_rate=1e-3)
+    final = asyncio.run(adapter.wait_until_complete(asyncio.run(adapter.submit(groups)), poll_interval=0.2,
+                                                    timeout=240))
+    assert final.status == "succeeded", final.message
+    log = (Path(final.fine_tuned_model).parent / "train.log").read_text()
+    assert "training on 6 replies" in log and "grpo step 4/4" in log and "grpo step 5/" not in log
+
+
 def test_grpo_refuses_a_file_that_is_not_groups_and_groups_that_cannot_teach(exported, tmp_path):
     adapter = TRLAdapter(exported["model"], output_dir=tmp_path / "jobs", method="grpo", max_steps=1)
     with pytest.raises(ValueError, match="not a valid art record"):

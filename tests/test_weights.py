@@ -94,9 +94,11 @@ def test_dpo_pairs_and_grpo_groups_come_from_the_collected_answers(tmp_path: Pat
     data = tmp_path / "run" / "data" / f"{method}.jsonl"
     assert validate_jsonl(data, fmt) == report.stages[-1].train_records == 6
     record = json.loads(data.read_text().splitlines()[0])
-    if method == "dpo":  # the right answer (seed 0) over the wrong one (seed 1), asked zero-shot
+    if method == "dpo":  # the right answer over what the untuned model says zero-shot: a sentence
         assert len(record["prompt"]) == 2 and record["chosen"][0]["content"].endswith("s")
-        assert record["rejected"][0]["content"].endswith("es")
+        assert record["rejected"][0]["content"].startswith("The answer is ")
+        own = json.loads((tmp_path / "run" / "data" / "own-replies.json").read_text())
+        assert len(own) == 6 and all(score == 0.0 for _, score in own.values())
     else:
         assert sorted(t["reward"] for t in record["trajectories"]) == [0.0, 1.0]
 

@@ -103,6 +103,7 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
     if files.cancel.exists():
         return None
     import copy
+    import random
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,19 +127,29 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
     if not completions:
         raise DatasetFormatError(f"no group in {job['dataset']} has rewards that vary ({dropped} dropped): GRPO "
                                  "learns nothing from them")
+    # Minibatches of replies, each its own backward pass: one graph over every reply would
+    # hold all their activations at once (tens of GB for a few hundred replies).
+    size = max(1, int(settings.get("per_device_train_batch_size") or 8))
+    batches = -(-len(completions) // size)
     steps = int(settings.get("max_steps") or 0)
-    steps = steps if steps > 0 else max(1, round(float(settings.get("num_train_epochs", 1.0))))
+    steps = steps if steps > 0 else max(1, round(float(settings.get("num_train_epochs", 1.0)) * batches))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=float(settings["learning_rate"]))
     model.train()
     started = f"training on {len(completions)} replies ({dropped} groups dropped: equal rewards)"
     logger.info("grpo: %s", started)
     files.update(message=started)
+    shuffle = random.Random(int(settings.get("seed", 0)))
+    order: list[int] = []
     for step in range(1, steps + 1):
         if files.cancel.exists():
             return None
+        if not order:  # a new epoch, in a new order
+            order = list(range(len(completions)))
+            shuffle.shuffle(order)
+        chosen, order = order[:size], order[size:]
         optimizer.zero_grad()
-        loss = grpo_loss(model, tokenizer, completions, beta=beta, reference=reference)
+        loss = grpo_loss(model, tokenizer, [completions[i] for i in chosen], beta=beta, reference=reference)
         loss.backward()
         optimizer.step()
         logger.info("grpo step %d/%d: loss %.4f", step, steps, loss.item())

@@ -161,24 +161,28 @@ async def aprompts_then_weights(
                 "validation_n": validation_n, "test_n": test_n, "collect_n": collect_n, "samples": samples,
                 "temperature": temperature, "finetune": dict(finetune or {})}
     done = _start(run, settings, resume)
+    stages: list[Stage] = ["zero-shot", "prompt", method, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
+    owned = model is None
     if model is None:
         from .llm.local import LocalModel
 
         model = LocalModel()
-    test = bigbench(task, split="test", n=test_n, seed=seed)
-    chain = _Chain(run, model, settings, test, progress)
-    stages: list[Stage] = ["zero-shot", "prompt", method, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
-    for stage in stages:
-        if stage in done:
-            continue
-        logger.info("stage %s", stage)
-        stage_started = time.monotonic()
-        with meter_usage() as meter:
-            result = await chain.run(stage, done, base_folder)
-        result.calls = sum((s for s in meter.by_model.values()), UsageStats()).calls
-        result.seconds = round(time.monotonic() - stage_started, 3)
-        append_jsonl(run / "metrics.jsonl", [{"step": stages.index(stage), **result.model_dump(mode="json")}])
-        done[stage] = result
+    chain = _Chain(run, model, settings, bigbench(task, split="test", n=test_n, seed=seed), progress)
+    try:
+        for stage in stages:
+            if stage in done:
+                continue
+            logger.info("stage %s", stage)
+            stage_started = time.monotonic()
+            with meter_usage() as meter:
+                result = await chain.run(stage, done, base_folder)
+            result.calls = sum((s for s in meter.by_model.values()), UsageStats()).calls
+            result.seconds = round(time.monotonic() - stage_started, 3)
+            append_jsonl(run / "metrics.jsonl", [{"step": stages.index(stage), **result.model_dump(mode="json")}])
+            done[stage] = result
+    finally:
+        if owned:
+            await model.aclose()
     return _report(settings, run, [done[s] for s in stages], time.monotonic() - started)
 
 

@@ -290,7 +290,8 @@ def _prefix_cache(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     if not shared:
         return {}
     rows = inputs["input_ids"].shape[0]
-    cache = model(inputs["input_ids"][:1, :shared], use_cache=True).past_key_values
+    out = model(inputs["input_ids"][:1, :shared], use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values  # transformers 5 renamed it
     cache.batch_repeat_interleave(rows)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # transformers 5 renamed the argument; the old name still works there, with a warning.

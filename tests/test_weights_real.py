@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def test_demo_finetune_sft_distils_the_prompt_stage_into_the_embedded_model(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     code = main(["demo", "--finetune", "sft", "--json", "--no-again", "--run-dir", str(run), "--train", "4",
-                 "--validation", "8", "--test", "16", "--collect", "32"])
+                 "--validation", "8", "--test", "16", "--collect", "128"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(printed)

@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from opto.stats import paired_test, score_interval
 from opto.weights import WeightsReport, prompts_then_weights

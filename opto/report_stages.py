@@ -39,6 +39,11 @@ def _plot(path: Path, stages: list[dict[str, Any]], title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if not stages:
+        ax.set_title(f"{title} (no stage finished yet)")
+        fig.savefig(path)
+        plt.close(fig)
+        return
     names = [s["stage"] for s in stages]
     accuracy = [100 * s["test_accuracy"] for s in stages]
     low = [a - 100 * s["test_interval"][0] for a, s in zip(accuracy, stages)]
@@ -58,7 +63,7 @@ def _plot(path: Path, stages: list[dict[str, Any]], title: str) -> None:
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = tokens.get_legend_handles_labels()
     fig.legend(handles + more_handles, labels + more_labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    ax.set_title(title if stages else f"{title} (no stage finished yet)")
+    ax.set_title(title)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path)
     plt.close(fig)

@@ -13,6 +13,7 @@ import pytest
 from tiny_models import build_tiny_model
 
 from opto import RunDirError, ScriptedModel
+from opto.cli import main
 from opto.datasets import bigbench
 from opto.finetune import TRLAdapter
 from opto.finetune.switch import recorded_switches
@@ -150,7 +151,17 @@ def test_the_readme_example_runs_as_written(tmp_path: Path, tiny: Path, monkeypa
     assert (tmp_path / "runs" / "weights" / "metrics.jsonl").exists()
 
 
-def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path) -> None:
+def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -> None:
     with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo"):
         prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method="ppo")
+    with pytest.raises(SystemExit, match="does not take --model or --base-url"):
+        main(["demo", "--finetune", "sft", "--model", "gpt-4o-mini", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="--resume continues a --finetune run"):
+        main(["demo", "--resume", "--run-dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+    # A chain with no finished stage yet still has a report: empty, and saying so.
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "pipeline.json").write_text("{}")
+    assert main(["report", str(tmp_path / "new")]) == 0
+    assert "stages: none finished yet" in capsys.readouterr().out
+    assert "(no stage finished yet)" in (tmp_path / "new" / "report.md").read_text()

@@ -169,7 +169,7 @@ def _report(args: argparse.Namespace) -> int:
 
     summary = write_report(args.run_dir, args.out)
     print(f"wrote {summary.png} and {summary.markdown}")
-    if "stages" in summary.plotted_points:  # a prompts-then-weights run
+    if summary.stages is not None:  # a prompts-then-weights run
         print(f"stages: {', '.join(summary.stages) or 'none finished yet'}")
         return 0
     test = ""

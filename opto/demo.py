@@ -32,7 +32,7 @@ from .ledger import RunDir
 from .llm.base import Model
 from .optimizers import DemoProposer, Optimizer
 from .parameters import Constraint, Demos, Parameter
-from .stats import paired_test
+from .stats import paired_change
 from .trainer import AggregatedUpdate
 
 __all__ = ["DemoReport", "FewShotAgent", "demo_trainer", "first_line", "majority_baseline", "run_demo"]
@@ -122,10 +122,9 @@ def _test_change(run: RunDir) -> dict[str, Any]:
     rows = run.evaluations()
     first = {r["example_id"]: r.get("score") for r in rows if r.get("step") == 0 and not r.get("final")}
     final = {r["example_id"]: r.get("score") for r in rows if r.get("final")}
-    paired = [(first[k], final[k]) for k in first if first.get(k) is not None and final.get(k) is not None]
-    if not paired:
+    change = paired_change(list(first.values()), [final.get(k) for k in first])
+    if change is None:
         return {}
-    change = paired_test([a for a, _ in paired], [b for _, b in paired])
     return {"test_change": change.difference, "test_change_interval": (change.interval.low, change.interval.high)}
 
 

@@ -45,8 +45,8 @@ class ReportSummary(BaseModel):
     # Pareto selection with a cost objective: `score_vs_cost.png`, each candidate's mean
     # validation score against its mean cost per rollout.
     cost_png: str | None = None
-    # A prompts-then-weights run: its finished stages, in order.
-    stages: list[str] = Field(default_factory=list)
+    # A prompts-then-weights run: its finished stages, in order (None for a training run).
+    stages: list[str] | None = None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
-__all__ = ["Interval", "PairedTest", "holm", "is_binary", "paired_test", "score_interval"]
+__all__ = ["Interval", "PairedTest", "holm", "is_binary", "paired_change", "paired_test", "score_interval"]
 
 _Z95 = 1.959963984540054
 _BOOTSTRAP = 2000
@@ -68,6 +68,13 @@ def score_interval(scores: Sequence[float | None], seed: int = 0) -> Interval | 
         return Interval(low=max(0.0, min(p, centre - half)), high=min(1.0, max(p, centre + half)), method="wilson")
     means = _bootstrap_means(np.asarray(found), seed)
     return Interval(low=float(np.percentile(means, 2.5)), high=float(np.percentile(means, 97.5)), method="bootstrap")
+
+
+def paired_change(before: Sequence[float | None], after: Sequence[float | None]) -> PairedTest | None:
+    """`paired_test` over the examples judged both times (None marks an unjudged score), or
+    None when there is no such example: the change with its paired 95% interval."""
+    pairs = [(a, b) for a, b in zip(before, after) if a is not None and b is not None]
+    return paired_test([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
 
 
 def paired_test(current: Sequence[float], candidate: Sequence[float], seed: int = 0) -> PairedTest:

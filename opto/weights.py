@@ -27,7 +27,6 @@ outlives the process), or submitted again when its worker died with the machine.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -46,11 +45,11 @@ from .errors import RunDirError
 from .finetune.base import FineTuneError, TrainingJobStatus
 from .finetune.switch import apply_recorded_switches, recorded_switches, switch_model
 from .guides import ExactMatchGuide
-from .ledger import RunDir
+from .ledger import RunDir, read_json_object
 from .llm.base import Model
 from .llm.usage import UsageStats, meter_usage
 from .report_stages import SETTINGS_FILE
-from .stats import paired_test
+from .stats import paired_change
 from .trainer.evaluation import aevaluate
 
 __all__ = ["METHODS", "STAGES", "StageResult", "WeightsReport", "aprompts_then_weights", "prompts_then_weights"]
@@ -167,7 +166,7 @@ async def aprompts_then_weights(
         from .llm.local import LocalModel
 
         model = LocalModel()
-    chain = _Chain(run, model, settings, bigbench(task, split="test", n=test_n, seed=seed), progress)
+    chain = _Chain(run, model, settings, bigbench(task, split="test", n=test_n, seed=seed), base_folder, progress)
     try:
         for stage in stages:
             if stage in done:
@@ -175,7 +174,7 @@ async def aprompts_then_weights(
             logger.info("stage %s", stage)
             stage_started = time.monotonic()
             with meter_usage() as meter:
-                result = await chain.run(stage, done, base_folder)
+                result = await chain.run(stage, done)
             result.calls = sum((s for s in meter.by_model.values()), UsageStats()).calls
             result.seconds = round(time.monotonic() - stage_started, 3)
             append_jsonl(run / "metrics.jsonl", [{"step": stages.index(stage), **result.model_dump(mode="json")}])
@@ -189,11 +188,13 @@ async def aprompts_then_weights(
 class _Chain:
     """The stages, each given the results of the ones before it."""
 
-    def __init__(self, run: Path, model: Model, settings: dict[str, Any], test: list[Example], progress: bool):
+    def __init__(self, run: Path, model: Model, settings: dict[str, Any], test: list[Example],
+                 base_folder: str | Path | None, progress: bool):
         self.folder, self.model, self.settings, self.test, self.progress = run, model, settings, test, progress
+        self.base_folder = base_folder
         self.guide = ExactMatchGuide()
 
-    async def run(self, stage: str, done: dict[str, StageResult], base_folder: str | Path | None) -> StageResult:
+    async def run(self, stage: str, done: dict[str, StageResult]) -> StageResult:
         if stage == "zero-shot":
             return await self._measure("zero-shot", FewShotAgent(self.model))
         if stage == "prompt":
@@ -204,7 +205,7 @@ class _Chain:
             agent.apply(done[self.settings["method"]].parameters)
             agent = await self._optimize(agent, self.folder / "prompt-again")
             return await self._measure("prompt-again", agent)
-        return await self._finetune(stage, done["prompt"].parameters, base_folder)
+        return await self._finetune(stage, done["prompt"].parameters)
 
     async def _optimize(self, agent: FewShotAgent, folder: Path) -> FewShotAgent:
         s = self.settings
@@ -214,12 +215,12 @@ class _Chain:
                              seed=s["seed"], progress=self.progress)
         return agent
 
-    async def _finetune(self, method: str, prompted: dict[str, Any], base_folder: str | Path | None) -> StageResult:
+    async def _finetune(self, method: str, prompted: dict[str, Any]) -> StageResult:
         agent = FewShotAgent(self.model)
         agent.apply(prompted)
         records = await self._training_data(agent, method)
         if not recorded_switches(self.folder):
-            status = await self._train(method, records, base_folder)
+            status = await self._train(method, records)
             switch_model(agent, status, run_dir=self.folder)
         tuned = self._tuned_agent()
         tuned.apply({**prompted, "demos": []})  # distilled: asked zero-shot
@@ -259,7 +260,7 @@ class _Chain:
         DPO's rejected replies, so it learns away from what it would say (kept in data/)."""
         path = self.folder / "data" / "own-replies.json"
         if path.exists():
-            return {k: (v[0], v[1]) for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+            return {k: (v[0], v[1]) for k, v in read_json_object(path).items()}
         untuned = FewShotAgent(self.model)
         untuned.apply({**agent.stored_values(), "demos": []})
         result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
@@ -268,18 +269,18 @@ class _Chain:
         atomic_write_json(path, {k: list(v) for k, v in own.items()})
         return own
 
-    async def _train(self, method: str, records: Path, base_folder: str | Path | None) -> TrainingJobStatus:
+    async def _train(self, method: str, records: Path) -> TrainingJobStatus:
         """Fine-tune the base folder on `records`; a job this run started earlier is waited for."""
         from .finetune.trl_adapter import TRLAdapter
         from .llm.transformers_model import embedded_model_folder
 
         options = {**FINETUNE_DEFAULTS, **_METHOD_DEFAULTS[method], "seed": self.settings["seed"],
                    **self.settings["finetune"]}
-        adapter = TRLAdapter(base_folder or embedded_model_folder(), output_dir=self.folder / "finetune", method=method,
-                             **options)
+        adapter = TRLAdapter(self.base_folder or embedded_model_folder(), output_dir=self.folder / "finetune",
+                             method=method, **options)
         job = self.folder / _JOB
         if job.exists():
-            status = await adapter.status(json.loads(job.read_text(encoding="utf-8"))["job_id"])
+            status = await adapter.status(str(read_json_object(job).get("job_id")))
             if status.status in ("pending", "running"):
                 logger.info("waiting for fine-tuning job %s, started before the restart", status.job_id)
                 status = await adapter.wait_until_complete(status.job_id, poll_interval=2)
@@ -346,7 +347,7 @@ def _start(run: Path, settings: dict[str, Any], resume: bool) -> dict[str, Stage
     if not resume:
         raise RunDirError(f"{run} already holds a prompts-then-weights run; pass resume=True (--resume) to continue "
                           "it, or choose another run_dir")
-    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved = read_json_object(path)
     changed = [k for k in settings if saved.get(k) != settings[k]]
     if changed:
         raise RunDirError(f"cannot resume {run}: it was started with "
@@ -359,10 +360,8 @@ def _report(settings: dict[str, Any], run: Path, stages: list[StageResult], seco
     report = WeightsReport(task=settings["task"], seed=settings["seed"], method=settings["method"], run_dir=str(run),
                            stages=stages, seconds=round(seconds, 1))
     prompt, last = report.stage("prompt"), stages[-1]
-    if prompt is not None and last is not prompt:
-        paired = [(a, b) for a, b in zip(prompt.scores, last.scores) if a is not None and b is not None]
-        if paired:
-            change = paired_test([a for a, _ in paired], [b for _, b in paired])
-            report.chain_change = change.difference
-            report.chain_change_interval = (change.interval.low, change.interval.high)
+    change = paired_change(prompt.scores, last.scores) if prompt is not None and last is not prompt else None
+    if change is not None:
+        report.chain_change = change.difference
+        report.chain_change_interval = (change.interval.low, change.interval.high)
     return report

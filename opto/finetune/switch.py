@@ -34,7 +34,8 @@ from ..llm.base import Model
 from ..llm.remote import RemoteChatModel
 from .base import FineTuneError, TrainingJobStatus
 
-__all__ = ["MODELS_FILE", "ModelSwitch", "apply_recorded_switches", "recorded_switches", "switch_model"]
+__all__ = ["MODELS_FILE", "ModelSwitch", "apply_recorded_switches", "apply_switches", "recorded_switches",
+           "switch_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,31 +109,40 @@ def switch_model(
     return model
 
 
-def recorded_switches(run_dir: str | Path) -> list[ModelSwitch]:
-    """The switches recorded in ``run_dir/models.json``, oldest first ([] when none);
-    a damaged file is a `RunDirError` naming it."""
+def recorded_switches(run_dir: str | Path, agent: Agent | None = None) -> list[ModelSwitch]:
+    """The switches recorded in ``run_dir/models.json``, oldest first ([] when none). A
+    damaged file, or (given `agent`) one switching an attribute where the agent holds no
+    model, is a `RunDirError` naming it."""
     path = Path(run_dir) / MODELS_FILE
     if not path.exists():
         return []
     record = read_json_object(path)
     try:
-        return [ModelSwitch.model_validate(item) for item in record.get("switches", [])]
+        switches = [ModelSwitch.model_validate(item) for item in record.get("switches", [])]
     except (ValidationError, TypeError) as exc:
         raise damaged(path, f"switches: {str(exc).splitlines()[0]} ({exc})") from None
+    held = set(find_attributes(agent, Model)) if agent is not None else None
+    for change in switches:
+        missing = [a for a in change.attributes if held is not None and a not in held]
+        if missing:
+            raise RunDirError(f"{path} switches {', '.join(missing)} to {change.target}, but this agent holds no "
+                              "model there; build the agent as the run did")
+    return switches
+
+
+def apply_switches(agent: Agent, switches: list[ModelSwitch]) -> None:
+    """Apply recorded switches (from `recorded_switches(run_dir, agent)`) to `agent`, in order."""
+    for change in switches:
+        _apply(agent, change)
+    if switches:
+        logger.info("the agent uses %s (switched after fine-tuning)", switches[-1].target)
 
 
 def apply_recorded_switches(agent: Agent, run_dir: str | Path) -> list[ModelSwitch]:
-    """Apply the switches recorded in `run_dir` to `agent` (what a resumed run does first);
-    an attribute the agent no longer has is a `RunDirError`."""
-    switches = recorded_switches(run_dir)
-    for change in switches:
-        missing = [a for a in change.attributes if a not in find_attributes(agent, Model)]
-        if missing:
-            raise RunDirError(f"{Path(run_dir) / MODELS_FILE} switches {', '.join(missing)} to {change.target}, "
-                              "but this agent holds no model there; build the agent as the run did")
-        _apply(agent, change)
-    if switches:
-        logger.info("the run in %s uses %s (switched after fine-tuning)", run_dir, switches[-1].target)
+    """Read the switches recorded in `run_dir`, check them against `agent` and apply them
+    (what a resumed run does first)."""
+    switches = recorded_switches(run_dir, agent)
+    apply_switches(agent, switches)
     return switches
 
 
@@ -178,8 +188,7 @@ def _tuned(old: Model, change: ModelSwitch) -> Model:
         return old
     options = dict(change.options)
     options.setdefault("name", _local_name(Path(change.target)))
-    return TransformersModel(change.target, cache=getattr(old, "cache", None), budget=getattr(old, "budget", None),
-                             **options)
+    return TransformersModel(change.target, cache=old.cache, budget=old.budget, **options)
 
 
 def _same_local(model: Any, change: ModelSwitch) -> bool:
@@ -193,16 +202,22 @@ def _local_name(folder: Path) -> str:
 
 
 def _set(agent: Agent, path: str, value: Any) -> None:
+    """Put `value` at the attribute path `find_attributes` gave (attributes, list indexes, dict keys)."""
     *parents, last = path.split(".")
     holder: Any = agent
     for part in parents:
-        holder = holder[int(part) if isinstance(holder, (list, tuple)) else part] \
-            if isinstance(holder, (list, tuple, dict)) else getattr(holder, part)
+        holder = _child(holder, part)
+    if isinstance(holder, tuple):
+        raise ValueError(f"the model at {path!r} is inside a tuple, which cannot be changed; keep it in a list")
     if isinstance(holder, list):
         holder[int(last)] = value
     elif isinstance(holder, dict):
         holder[last] = value
-    elif isinstance(holder, tuple):
-        raise ValueError(f"the model at {path!r} is inside a tuple, which cannot be changed; keep it in a list")
     else:
         setattr(holder, last, value)
+
+
+def _child(holder: Any, part: str) -> Any:
+    if isinstance(holder, (list, tuple)):
+        return holder[int(part)]
+    return holder[part] if isinstance(holder, dict) else getattr(holder, part)

@@ -13,6 +13,7 @@ once per row.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -209,7 +210,7 @@ class TransformersModel(Model):
         self.generate_calls += 1
         n = settings["n"]
         rows_of = [p for p in prompts for _ in range(n)]  # each sample a row: greedy decoding has no n
-        inputs = _inputs(torch, tokenizer, model, rows_of)
+        inputs, shared = _inputs(torch, tokenizer, model, rows_of)
         sample = bool(settings["temperature"])
         kwargs: dict[str, Any] = {"max_new_tokens": settings["max_tokens"],
                                   "do_sample": sample, "pad_token_id": tokenizer.pad_token_id,
@@ -221,7 +222,7 @@ class TransformersModel(Model):
         if settings["seed"] is not None:
             torch.manual_seed(settings["seed"])
         with torch.inference_mode():
-            inputs.update(_prefix_cache(model, inputs))
+            inputs.update(_prefix_cache(model, inputs["input_ids"], shared))
             out = model.generate(**inputs, **kwargs)
         width = inputs["input_ids"].shape[1]
         new = out.sequences[:, width:]
@@ -259,9 +260,9 @@ class TransformersModel(Model):
 MIN_SHARED_PREFIX = 16
 
 
-def _inputs(torch: Any, tokenizer: Any, model: Any, rows: list[str]) -> dict[str, Any]:
-    """input_ids and attention_mask for `generate`, and under "shared" the length of the
-    prefix every row shares (0 when too short to be worth it).
+def _inputs(torch: Any, tokenizer: Any, model: Any, rows: list[str]) -> tuple[dict[str, Any], int]:
+    """input_ids and attention_mask for `generate`, and the length of the prefix every row
+    shares (0 when too short to be worth it).
 
     Rows are left-padded, except that a shared prefix stays at the start of every row with
     the padding after it (masked out; positions come from the mask, so each row's tokens
@@ -281,22 +282,25 @@ def _inputs(torch: Any, tokenizer: Any, model: Any, rows: list[str]) -> dict[str
     input_ids = [row[:shared] + [pad] * (width - len(row) + shared) + row[shared:] for row in ids]
     mask = [[1] * shared + [0] * (width - len(row) + shared) + [1] * (len(row) - shared) for row in ids]
     return {"input_ids": torch.tensor(input_ids, device=model.device),
-            "attention_mask": torch.tensor(mask, device=model.device), "shared": shared}
+            "attention_mask": torch.tensor(mask, device=model.device)}, shared
 
 
-def _prefix_cache(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    """The cache of the shared prefix, copied for every row, as `generate` takes it ({} for none)."""
-    shared = inputs.pop("shared")
+def _prefix_cache(model: Any, input_ids: Any, shared: int) -> dict[str, Any]:
+    """The cache of the first `shared` tokens, copied for every row, as `generate` takes it ({} for none)."""
     if not shared:
         return {}
-    rows = inputs["input_ids"].shape[0]
-    out = model(inputs["input_ids"][:1, :shared], use_cache=True)
+    rows = input_ids.shape[0]
+    out = model(input_ids[:1, :shared], use_cache=True)
     cache = getattr(out, "cache", None) or out.past_key_values  # transformers 5 renamed it
     cache.batch_repeat_interleave(rows)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # transformers 5 renamed the argument; the old name still works there, with a warning.
-    name = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
-    return {name: cache}
+    return {_cache_argument(type(base)): cache}
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """transformers 5 renamed `past_key_values` to `cache` (the old name still works there, with a warning)."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _length(ids: list[int], tokenizer: Any) -> int:

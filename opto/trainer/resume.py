@@ -17,7 +17,7 @@ from .._io import read_jsonl
 from ..agent import Agent
 from ..data import DataLoader
 from ..errors import RunDirError
-from ..finetune.switch import apply_recorded_switches, recorded_switches
+from ..finetune.switch import apply_switches, recorded_switches
 from ..ledger import Checkpoint, RunDir, damaged, read_json_object
 
 __all__ = ["RESUME_KEYS", "open_run"]
@@ -63,11 +63,10 @@ def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, An
     except ValueError as exc:
         raise damaged(run.checkpoint_path, f"loader_state: {exc}") from None
     _check_run_files(run, saved, agent)
-    switches = recorded_switches(run.path)  # read (and checked) before anything changes
+    switches = recorded_switches(run.path, agent)  # read and checked before anything changes
 
     # Everything checks out: from here on the folder may change.
-    if switches:
-        apply_recorded_switches(agent, run.path)
+    apply_switches(agent, switches)
     run.remove_stale_temp_files()
     agent.apply(saved.parameters)
     if saved.finished and not saved.final_evaluations and saved.test_scores:

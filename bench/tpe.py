@@ -16,7 +16,7 @@ set) until the values the run would end with are within 2% of the best attainabl
 (expected accuracy >= 0.98 x 0.85) and stay there, how many runs got there, and the
 expected accuracy at the end.
 
-    pip install 'opto[tpe]'
+    pip install 'opto-agents[tpe]'
     python bench/tpe.py
 """
 

@@ -10,6 +10,7 @@ from .callbacks import Callback
 from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
 from .collect import CollectResult, acollect, collect
 from .data import DataLoader, DatasetError, Example, load_dataset
+from ._version import __version__
 from .errors import OptoError, RunDirError, RunDirWriteError
 from .events import LEDGER_VERSION, LedgerEvent, StepRecord
 from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
@@ -42,7 +43,6 @@ from .trainer import (
     evaluate,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Agent",

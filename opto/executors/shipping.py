@@ -40,7 +40,7 @@ def _cloudpickle() -> Any:
     try:
         import cloudpickle
     except ImportError as exc:  # pragma: no cover - installed with the ray extra
-        raise ImportError("sending agents to other processes needs cloudpickle: pip install 'opto[ray]'") from exc
+        raise ImportError("sending agents to other processes needs cloudpickle: pip install 'opto-agents[ray]'") from exc
     return cloudpickle
 
 

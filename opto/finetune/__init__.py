@@ -15,7 +15,7 @@ async. From sync code run each with `asyncio.run(...)`::
 
 Backends: `OpenAIFineTuneAdapter` (OpenAI or any OpenAI-compatible endpoint),
 `NeMoCustomizerAdapter` (NVIDIA NeMo Customizer), `TRLAdapter` (local DPO with TRL;
-needs the ``opto[trl]`` extra) and `ARTAdapter` (GRPO on trajectory
+needs the ``opto-agents[trl]`` extra) and `ARTAdapter` (GRPO on trajectory
 groups through an OpenPipe ART server or W&B's serverless training API).
 """
 

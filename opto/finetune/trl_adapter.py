@@ -1,4 +1,4 @@
-"""`TRLAdapter`: DPO (TRL's `DPOTrainer`) or GRPO on stored groups, on your own machine (extra ``opto[trl]``).
+"""`TRLAdapter`: DPO (TRL's `DPOTrainer`) or GRPO on stored groups, on your own machine (extra ``opto-agents[trl]``).
 
 It trains a Hugging Face causal LM (a local folder with config, weights and tokenizer, or
 a hub id when the machine may download) on a preference file written by
@@ -33,7 +33,7 @@ __all__ = ["TRLAdapter"]
 
 logger = logging.getLogger(__name__)
 
-_INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto[trl]' (it brings trl, peft and torch)"
+_INSTALL = "TRLAdapter needs the `trl` extra: pip install 'opto-agents[trl]' (it brings trl, peft and torch)"
 
 
 class TRLAdapter(WorkerJobAdapter):

@@ -1,6 +1,6 @@
 """`LiteLLMModel`: any provider LiteLLM reaches (Anthropic, Gemini, Bedrock, Ollama, ...).
 
-Needs the ``litellm`` extra (``pip install 'opto[litellm]'``). Requests go through
+Needs the ``litellm`` extra (``pip install 'opto-agents[litellm]'``). Requests go through
 `litellm.acompletion` with LiteLLM's own retries off: opto's concurrency cap, rate
 limits, retries and 429 patience apply, exactly as for `OpenAIModel`, because LiteLLM
 raises subclasses of the OpenAI SDK's error classes for every provider.
@@ -18,7 +18,7 @@ from .remote import RemoteChatModel
 
 __all__ = ["LiteLLMModel", "import_litellm"]
 
-_INSTALL = "LiteLLMModel needs LiteLLM: pip install 'opto[litellm]'"
+_INSTALL = "LiteLLMModel needs LiteLLM: pip install 'opto-agents[litellm]'"
 
 # LiteLLM fetches its price map from GitHub when imported, retrying for seconds without a
 # network; the copy in the installed package is used instead (unless the user chose).

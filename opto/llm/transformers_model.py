@@ -33,7 +33,7 @@ __all__ = ["TransformersModel", "embedded_model_folder"]
 
 logger = logging.getLogger(__name__)
 
-_INSTALL_HINT = "pip install 'opto[trl]' (transformers, torch and peft)"
+_INSTALL_HINT = "pip install 'opto-agents[trl]' (transformers, torch and peft)"
 
 
 @dataclass

@@ -196,7 +196,7 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
-            raise ValueError("loading a tokenizer needs transformers: pip install 'opto[trl]'") from exc
+            raise ValueError("loading a tokenizer needs transformers: pip install 'opto-agents[trl]'") from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         except (OSError, ValueError) as exc:

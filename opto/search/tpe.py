@@ -12,7 +12,7 @@ candidate its proposal went into. So
 tunes text and numbers together. Its history (the values tried and their scores) is
 saved in the checkpoint, and each draw depends only on the seed and that history, so a
 resumed run proposes what the uninterrupted one would. Needs the `tpe` extra
-(`pip install 'opto[tpe]'`, i.e. Optuna).
+(`pip install 'opto-agents[tpe]'`, i.e. Optuna).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _import_optuna() -> Any:
     try:
         import optuna
     except ImportError as exc:
-        raise ImportError("TPEProposer needs Optuna: pip install 'opto[tpe]'") from exc
+        raise ImportError("TPEProposer needs Optuna: pip install 'opto-agents[tpe]'") from exc
     return optuna
 
 

@@ -39,7 +39,8 @@ class SportsAgent(Agent):
             constraint=Constraint("plain instructions", max_length=800),
         )
         self.votes = Parameter(
-            1, description="verdicts sampled per question; the most common one wins",
+            1,
+            description="verdicts sampled per question; the most common one wins",
             constraint=Constraint(min=1, max=5),
         )
 
@@ -47,8 +48,9 @@ class SportsAgent(Agent):
         messages = [{"role": "system", "content": self.instructions.value}, {"role": "user", "content": question}]
         votes = self.votes.value
         # The verdict is in the first sentence: stop there, so a reply is complete, never cut.
-        reply = await self.model.complete(messages, n=votes, max_tokens=64, temperature=0.0 if votes == 1 else 0.8,
-                                          seed=0, stop=["\n", "."])
+        reply = await self.model.complete(
+            messages, n=votes, max_tokens=64, temperature=0.0 if votes == 1 else 0.8, seed=0, stop=["\n", "."]
+        )
         return Counter(read_verdict(text) for text in reply.texts).most_common(1)[0][0]
 
 
@@ -64,7 +66,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --run-dir")
     args = parser.parse_args()
 
-    model = OpenAIModel(args.model or "default", base_url=args.base_url) if args.model or args.base_url else LocalModel()
+    model = (
+        OpenAIModel(args.model or "default", base_url=args.base_url) if args.model or args.base_url else LocalModel()
+    )
     trainer = AggregatedUpdate(
         SportsAgent(model),
         Optimizer(model, num_proposals=args.num_proposals, max_tokens=300, temperature=0.8),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from opto import Agent, AggregatedUpdate, Guide, Feedback, Optimizer, Parameter
+from opto import Agent, AggregatedUpdate, Feedback, Guide, Optimizer, Parameter
 from opto.llm import ScriptedModel
 
 # The agent's own model: answers in digits only when its system prompt says so.
@@ -33,8 +33,9 @@ agent_llm = ScriptedModel(
 )
 # The optimizer and aggregator model: always suggests asking for digits.
 optimizer_llm = ScriptedModel(
-    lambda messages: json.dumps({"reasoning": "Answers must be bare digits.",
-                                 "suggestion": {"system_prompt": "Reply with digits only."}}),
+    lambda messages: json.dumps(
+        {"reasoning": "Answers must be bare digits.", "suggestion": {"system_prompt": "Reply with digits only."}}
+    ),
     name="optimizer-llm",
 )
 
@@ -44,8 +45,9 @@ class Learner(Agent):  # Trace: @model class Learner with self.system_prompt = n
         self.system_prompt = Parameter("You are a helpful assistant.", description="the agent's system prompt")
 
     async def forward(self, question: str) -> str:  # Trace: a @bundle method that calls the LLM
-        reply = await agent_llm.complete([{"role": "system", "content": self.system_prompt.value},
-                                          {"role": "user", "content": question}])
+        reply = await agent_llm.complete(
+            [{"role": "system", "content": self.system_prompt.value}, {"role": "user", "content": question}]
+        )
         return reply.text
 
 
@@ -58,8 +60,15 @@ train_dataset = {"inputs": ["I have two cats and two dogs. How many animals?"] *
 
 if __name__ == "__main__":
     trainer = AggregatedUpdate(Learner(), Optimizer(optimizer_llm), llm=optimizer_llm, max_tokens=1024)
-    result = trainer.train(DigitGuide(), train_dataset, num_epochs=1, batch_size=2,
-                           test_dataset=train_dataset, eval_frequency=1, progress=False)
+    result = trainer.train(
+        DigitGuide(),
+        train_dataset,
+        num_epochs=1,
+        batch_size=2,
+        test_dataset=train_dataset,
+        eval_frequency=1,
+        progress=False,
+    )
     print("test score per evaluation:", result.test_scores)
     print("accepted:", result.accepted, "rejected:", result.rejected)
     print("final parameters:", result.final_parameters)

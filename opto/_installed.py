@@ -9,14 +9,24 @@ from pathlib import Path
 from ._version import DISTRIBUTION, __version__
 
 
-def other_distributions() -> list[str]:
-    """Installed distributions other than opto's own that provide the import name `opto`.
+def other_distributions(path: list[str] | None = None) -> list[str]:
+    """Installed distributions other than opto's own that provide the import name `opto`
+    (on `path`, default `sys.path`).
 
     Two distributions writing into one `site-packages/opto/` folder overwrite each other's
     files; whichever was installed last wins file by file, so neither works reliably.
     """
-    providers = importlib.metadata.packages_distributions().get("opto", [])
-    return sorted({name for name in providers if name.lower().replace("_", "-") != DISTRIBUTION})
+    found = set()
+    for dist in importlib.metadata.distributions(**({"path": path} if path is not None else {})):
+        name = dist.metadata["Name"] or ""
+        if name.lower().replace("_", "-") != DISTRIBUTION and _provides_opto(dist):
+            found.add(name)
+    return sorted(found)
+
+
+def _provides_opto(dist: importlib.metadata.Distribution) -> bool:
+    top_level = (dist.read_text("top_level.txt") or "").split()
+    return "opto" in top_level or any(file.parts[:1] == ("opto",) for file in dist.files or [])
 
 
 def version_text() -> str:

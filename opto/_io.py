@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import OptoValueError
 from .llm.redaction import redact
 
 __all__ = [
@@ -70,7 +71,7 @@ def _write(fd: int, data: bytes) -> None:
     nothing of a failed write is flushed later; tests make it fail on purpose)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.fsync(fd)
 
 
@@ -213,5 +214,5 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number} is not valid JSON") from None
+            raise OptoValueError(f"{path}:{number} is not valid JSON") from None
     return records

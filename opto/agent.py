@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._io import atomic_write_json
+from .errors import OptoKeyError, OptoValueError
 from .parameters import Parameter, ParameterError, assign
 
 __all__ = ["Agent", "agent"]
@@ -66,7 +67,7 @@ class Agent:
             if param.name is None:
                 param.name = path
             if param.name in names:
-                raise ValueError(
+                raise OptoValueError(
                     f"two parameters are named {param.name!r} (at {names[param.name]!r} and {path!r}); "
                     "give them distinct names"
                 )
@@ -93,7 +94,7 @@ class Agent:
         for key, value in values.items():
             if isinstance(key, str):
                 if key not in named:
-                    raise KeyError(f"{type(self).__name__} has no parameter {key!r}; it has {sorted(named)}")
+                    raise OptoKeyError(f"{type(self).__name__} has no parameter {key!r}; it has {sorted(named)}")
                 key = named[key]
             resolved[key] = value
         return resolved
@@ -134,18 +135,18 @@ class Agent:
         try:
             values = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+            raise OptoValueError(f"{path} is not valid JSON: {exc}") from exc
         if not isinstance(values, dict):
-            raise ValueError(f"{path} must hold a JSON object of parameter values")
+            raise OptoValueError(f"{path} must hold a JSON object of parameter values")
         if {"version", "step", "parameters", "loader_state"} <= values.keys():
-            raise ValueError(
+            raise OptoValueError(
                 f"{path} is a training checkpoint, not saved values: load the run's agent.json "
                 f"({Path(path).with_name('agent.json')}), which holds the values the run ended with"
             )
         try:
             self.apply(values)
         except KeyError as exc:
-            raise KeyError(f"{path}: {exc.args[0]}") from None
+            raise OptoKeyError(f"{path}: {exc.args[0]}") from None
         except ParameterError as exc:
             raise ParameterError(f"{path}: {exc}; nothing was changed") from None
 
@@ -221,7 +222,7 @@ def agent(
         named = {}
         for param in params:
             if not isinstance(param, Parameter) or not param.name:
-                raise ValueError("@agent(params=[...]) takes named Parameter objects; use a dict to name values")
+                raise OptoValueError("@agent(params=[...]) takes named Parameter objects; use a dict to name values")
             named[param.name] = param
 
     def wrap(fn: Callable[..., Any]) -> Agent:

@@ -21,17 +21,18 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ._io import json_key
 from ._async import gather_all
+from ._io import json_key
+from .demo_rules import merge_demo_lists
+from .errors import OptoValueError
 from .extraction import construct_update_dict, extract_llm_suggestion
 from .llm.base import Model
 from .llm.usage import estimate_tokens
-from .demo_rules import merge_demo_lists
 from .optimizers import JSON_MODE, Proposal
-from .suggested import SuggestedUpdate
 from .parameters import Demos, Parameter
 from .prompting import PromptTemplate
 from .schema import reply_format
+from .suggested import SuggestedUpdate
 
 __all__ = [
     "Aggregator",
@@ -126,9 +127,9 @@ class Aggregator:
         structured: bool = True,
     ) -> None:
         if fan_in is not None and fan_in < 2:
-            raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+            raise OptoValueError(f"fan_in must be >= 2, got {fan_in}")
         if num_candidates < 1:
-            raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
+            raise OptoValueError(f"num_candidates must be >= 1, got {num_candidates}")
         self.model = model
         self.template = PromptTemplate.resolve(template, "aggregator")
         self.repair_template = PromptTemplate.builtin("repair")
@@ -158,7 +159,7 @@ class Aggregator:
         has nothing to sample), the rest go to the LLM, which never sees a demo list.
         """
         if not 0.0 <= stepsize <= 1.0:
-            raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
+            raise OptoValueError(f"stepsize must be within [0, 1], got {stepsize}")
         demo_names = {p.name for p in current if isinstance(p, Demos) and p.trainable}
         demo_parts = [part for p in proposals if (part := _part(p, lambda name: name in demo_names))]
         others = [part for p in proposals if (part := _part(p, lambda name: name not in demo_names))]
@@ -166,7 +167,7 @@ class Aggregator:
         if not dedupe(others):
             return rule
         if self.model is None:
-            raise ValueError(
+            raise OptoValueError(
                 "the aggregator has no model, and some proposals change parameters other than Demos: give "
                 "AggregatedUpdate an llm= (or an Aggregator with a model) to merge them"
             )
@@ -188,8 +189,14 @@ class Aggregator:
         if not update:
             return []
         sources = [p.proposal_id for p in proposals]
-        return [Candidate(update=update, extraction_method="rule", source_proposals=sources,
-                          reasoning=f"demos merged by rule from {len(proposals)} proposals")]
+        return [
+            Candidate(
+                update=update,
+                extraction_method="rule",
+                source_proposals=sources,
+                reasoning=f"demos merged by rule from {len(proposals)} proposals",
+            )
+        ]
 
     async def _aggregate_with_llm(
         self, current: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
@@ -245,7 +252,11 @@ class Aggregator:
         return batches
 
     async def _merge_group(
-        self, params: Sequence[Parameter], batch: list[_Suggestion], stepsize: float, level: int,
+        self,
+        params: Sequence[Parameter],
+        batch: list[_Suggestion],
+        stepsize: float,
+        level: int,
         groups: list[Candidate],
     ) -> _Suggestion | None:
         """One intermediate merge (recorded in `groups`); None when it gave no update."""
@@ -267,8 +278,11 @@ class Aggregator:
     ) -> list[Candidate]:
         messages = self._messages(params, suggestions, stepsize)
         completion = await self.model.complete(
-            messages, response_format=self._format(params), temperature=self.temperature,
-            max_tokens=self.max_tokens, n=n,
+            messages,
+            response_format=self._format(params),
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            n=n,
         )
         sources = [src for s in suggestions for src in s.sources]
         candidates = []
@@ -278,9 +292,7 @@ class Aggregator:
             candidates.append(candidate)
         return candidates
 
-    async def _read(
-        self, params: Sequence[Parameter], messages: list, text: str, truncated: bool
-    ) -> Candidate:
+    async def _read(self, params: Sequence[Parameter], messages: list, text: str, truncated: bool) -> Candidate:
         """Read a candidate; an unreadable or truncated reply gets one repair request."""
         candidate = Candidate.read(params, text, messages)
         if truncated or candidate.unreadable:
@@ -291,18 +303,26 @@ class Aggregator:
             ]
             logger.warning("aggregator reply %s; asking once more", "was truncated" if truncated else "was unreadable")
             retry = await self.model.complete(  # type: ignore[union-attr]
-                repair, response_format=self._format(params), temperature=self.temperature,
+                repair,
+                response_format=self._format(params),
+                temperature=self.temperature,
                 max_tokens=self.max_tokens,
             )
             truncated = retry.truncated
             candidate = Candidate.read(params, retry.text, repair, repaired=True)  # the context of the kept text
         if truncated:
             # A value cut mid-way must never be applied as if it were whole.
-            return Candidate(raw_response=candidate.raw_response, prompt_messages=candidate.prompt_messages,
-                             repaired=candidate.repaired,
-                             error="reply truncated at max_tokens, even after a repair request")
+            return Candidate(
+                raw_response=candidate.raw_response,
+                prompt_messages=candidate.prompt_messages,
+                repaired=candidate.repaired,
+                error="reply truncated at max_tokens, even after a repair request",
+            )
         if candidate.unreadable:
-            return Candidate(raw_response=candidate.raw_response, prompt_messages=candidate.prompt_messages,
-                             repaired=candidate.repaired,
-                             error="no suggestion could be extracted, even after a repair request")
+            return Candidate(
+                raw_response=candidate.raw_response,
+                prompt_messages=candidate.prompt_messages,
+                repaired=candidate.repaired,
+                error="no suggestion could be extracted, even after a repair request",
+            )
         return candidate

@@ -19,6 +19,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .errors import OptoTypeError
+
 if TYPE_CHECKING:
     from .events import LedgerEvent, StepRecord
     from .trainer.evaluation import EvalResult
@@ -55,15 +57,16 @@ class CallbackList:
         self.callbacks = list(callbacks)
         for callback in self.callbacks:
             if not isinstance(callback, Callback):
-                raise TypeError(f"callbacks must be opto.Callback instances, got {type(callback).__name__}")
+                raise OptoTypeError(f"callbacks must be opto.Callback instances, got {type(callback).__name__}")
 
     def call(self, hook: str, *args: Any) -> None:
         for callback in list(self.callbacks):
             try:
                 getattr(callback, hook)(*args)
             except Exception:  # an observer must never stop the run
-                logger.exception("callback %s raised in %s; it is detached for the rest of the run",
-                                 type(callback).__name__, hook)
+                logger.exception(
+                    "callback %s raised in %s; it is detached for the rest of the run", type(callback).__name__, hook
+                )
                 self.callbacks.remove(callback)
 
     def on_event(self, event: LedgerEvent) -> None:

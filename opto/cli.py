@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .datasets import bigbench_tasks
+from .errors import OptoValueError
 from .preference import FORMATS, SOURCES
 
 if TYPE_CHECKING:
@@ -26,16 +27,24 @@ def _demo(args: argparse.Namespace) -> int:
     if args.finetune:
         return _prompts_then_weights(args)
     if args.resume:
-        raise SystemExit("opto demo: --resume continues a --finetune run (a plain demo run takes a minute; start "
-                         "it again)")
+        raise SystemExit(
+            "opto demo: --resume continues a --finetune run (a plain demo run takes a minute; start it again)"
+        )
     model = _demo_model(args)
     run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.json:
         print(f"opto demo: a few-shot agent learns its prompt and demos on BIG-bench {args.task} with {model.name}")
     try:
         report = run_demo(
-            model, run_dir=run_dir, task=args.task, train_n=args.train, validation_n=args.validation,
-            test_n=args.test, batch_size=args.batch_size, seed=args.seed, selection=args.selection,
+            model,
+            run_dir=run_dir,
+            task=args.task,
+            train_n=args.train,
+            validation_n=args.validation,
+            test_n=args.test,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            selection=args.selection,
             progress=not (args.no_progress or args.json),
         )
     finally:
@@ -45,16 +54,22 @@ def _demo(args: argparse.Namespace) -> int:
         return 0 if report.stopped_reason is None else 1
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     span = lambda i: "" if i is None else f" [{100 * i[0]:.1f}, {100 * i[1]:.1f}]"  # noqa: E731
-    print(f"test accuracy ({report.test_examples} held-out examples): before {pct(report.test_before)}"
-          f"{span(report.test_before_interval)}  after {pct(report.test_after)}{span(report.test_after_interval)}  "
-          f"(best constant answer: {pct(report.test_baseline)})")
+    print(
+        f"test accuracy ({report.test_examples} held-out examples): before {pct(report.test_before)}"
+        f"{span(report.test_before_interval)}  after {pct(report.test_after)}{span(report.test_after_interval)}  "
+        f"(best constant answer: {pct(report.test_baseline)})"
+    )
     if report.test_change is not None and report.test_change_interval is not None:
         low, high = report.test_change_interval
-        print(f"change: {100 * report.test_change:+.1f} points, 95% interval [{100 * low:+.1f}, {100 * high:+.1f}] "
-              f"(paired over the same examples; brackets above: 95% intervals)")
+        print(
+            f"change: {100 * report.test_change:+.1f} points, 95% interval [{100 * low:+.1f}, {100 * high:+.1f}] "
+            f"(paired over the same examples; brackets above: 95% intervals)"
+        )
     print(f"steps: {report.steps}  accepted: {report.accepted}  rejected: {report.rejected}")
-    print(f"model calls: {report.calls} (+{report.cached_calls} cached)  "
-          f"tokens: {report.prompt_tokens} prompt + {report.completion_tokens} completion")
+    print(
+        f"model calls: {report.calls} (+{report.cached_calls} cached)  "
+        f"tokens: {report.prompt_tokens} prompt + {report.completion_tokens} completion"
+    )
     print(f"final system prompt: {report.final_parameters.get('system_prompt')!r}")
     demos = report.final_parameters.get("demos") or []
     print("final demos: " + (", ".join(f"{d['input']!r} -> {d['output']!r}" for d in demos) or "none"))
@@ -69,36 +84,57 @@ def _prompts_then_weights(args: argparse.Namespace) -> int:
     from .weights import prompts_then_weights
 
     if args.model or args.base_url:
-        raise SystemExit("opto demo --finetune trains the embedded model's weights on this machine; it does not take "
-                         "--model or --base-url")
+        raise SystemExit(
+            "opto demo --finetune trains the embedded model's weights on this machine; it does not take "
+            "--model or --base-url"
+        )
     if args.selection != "greedy" or args.batch_size != 4:
-        raise SystemExit("opto demo --finetune runs the prompt stages with the demo's defaults (--batch-size 4, "
-                         "--selection greedy)")
+        raise SystemExit(
+            "opto demo --finetune runs the prompt stages with the demo's defaults (--batch-size 4, --selection greedy)"
+        )
     model = _demo_model(args)
     run_dir = args.run_dir or f"runs/weights-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.json:
-        print(f"opto demo --finetune {args.finetune}: the prompt, then the weights of {model.name}, on BIG-bench "
-              f"{args.task} (run dir {run_dir})")
+        print(
+            f"opto demo --finetune {args.finetune}: the prompt, then the weights of {model.name}, on BIG-bench "
+            f"{args.task} (run dir {run_dir})"
+        )
     try:
         report = prompts_then_weights(
-            model, run_dir=run_dir, method=args.finetune, again=not args.no_again, task=args.task, seed=args.seed,
-            train_n=args.train, validation_n=args.validation, test_n=args.test, collect_n=args.collect,
-            resume=args.resume, progress=not (args.no_progress or args.json))
+            model,
+            run_dir=run_dir,
+            method=args.finetune,
+            again=not args.no_again,
+            task=args.task,
+            seed=args.seed,
+            train_n=args.train,
+            validation_n=args.validation,
+            test_n=args.test,
+            collect_n=args.collect,
+            resume=args.resume,
+            progress=not (args.no_progress or args.json),
+        )
     finally:
         model.close()
     if args.json:
         print(report.model_dump_json(exclude={"stages": {"__all__": {"scores", "parameters"}}}))
         return 0
-    print(f"{'stage':<13} {'test accuracy':>14} {'95% interval':>16} {'prompt tokens/call':>19} {'calls':>6} "
-          f"{'seconds':>8}")
+    print(
+        f"{'stage':<13} {'test accuracy':>14} {'95% interval':>16} {'prompt tokens/call':>19} {'calls':>6} "
+        f"{'seconds':>8}"
+    )
     for stage in report.stages:
         low, high = stage.test_interval
-        print(f"{stage.stage:<13} {100 * stage.test_accuracy:>13.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
-              f"{stage.prompt_tokens_per_call:>19.1f} {stage.calls:>6} {stage.seconds:>8.1f}")
+        print(
+            f"{stage.stage:<13} {100 * stage.test_accuracy:>13.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
+            f"{stage.prompt_tokens_per_call:>19.1f} {stage.calls:>6} {stage.seconds:>8.1f}"
+        )
     if report.chain_change is not None and report.chain_change_interval is not None:
         low, high = report.chain_change_interval
-        print(f"{report.stages[-1].stage} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
-              f"[{100 * low:+.1f}, {100 * high:+.1f}]")
+        print(
+            f"{report.stages[-1].stage} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
+            f"[{100 * low:+.1f}, {100 * high:+.1f}]"
+        )
     print(f"time: {report.seconds:.1f} s   see it with: opto report {run_dir}")
     return 0
 
@@ -123,15 +159,26 @@ def _collect(args: argparse.Namespace) -> int:
         if args.values:
             agent.load(args.values)
         data = bigbench(args.task, split=args.split, n=args.n, seed=args.seed)
-        result = collect(agent, ExactMatchGuide(), data, samples=args.samples, run_dir=args.run_dir,
-                         temperature=args.temperature, seed=args.seed, resume=args.resume,
-                         concurrency=args.concurrency, progress=not args.no_progress)
+        result = collect(
+            agent,
+            ExactMatchGuide(),
+            data,
+            samples=args.samples,
+            run_dir=args.run_dir,
+            temperature=args.temperature,
+            seed=args.seed,
+            resume=args.resume,
+            concurrency=args.concurrency,
+            progress=not args.no_progress,
+        )
     finally:
         model.close()
     score = "n/a" if result.mean_score is None else f"{result.mean_score:.3f}"
-    print(f"collected {result.rollouts} rollouts ({result.samples} per example, {result.examples} examples, "
-          f"{result.skipped_examples} already collected) into {result.run_dir}; mean score {score}, "
-          f"{result.failed} failed; {result.usage.calls} model calls")
+    print(
+        f"collected {result.rollouts} rollouts ({result.samples} per example, {result.examples} examples, "
+        f"{result.skipped_examples} already collected) into {result.run_dir}; mean score {score}, "
+        f"{result.failed} failed; {result.usage.calls} model calls"
+    )
     print(f"next: opto export {result.run_dir} --format art --out groups.jsonl")
     if result.stopped_reason:
         print(f"stopped early: {result.stopped_reason}")
@@ -144,8 +191,10 @@ def _fake_server(args: argparse.Namespace) -> int:
 
     if args.art:
         server: FakeOpenAIServer | FakeNeMoCustomizer | FakeARTServer = FakeARTServer(port=args.port)
-        hint = ("opto finetune submit GROUPS --backend art --base-url {url} --model NAME --base-model BASE "
-                "--output-dir art-jobs --allow-without-logprobs --wait")
+        hint = (
+            "opto finetune submit GROUPS --backend art --base-url {url} --model NAME --base-model BASE "
+            "--output-dir art-jobs --allow-without-logprobs --wait"
+        )
     elif args.nemo:
         server = FakeNeMoCustomizer(port=args.port)
         hint = "opto finetune submit FILE --backend nemo --base-url {url} --model CONFIG"
@@ -182,11 +231,23 @@ def _report(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .preference import PreferencePairBuilder, export_run
 
-    builder = PreferencePairBuilder(min_score_diff=args.min_score_diff, max_pairs_per_turn=args.max_pairs_per_turn,
-                                    exhaustive_pairs=not args.best_vs_worst)
-    report = export_run(args.run_dir, args.out, source=args.source, format=args.format,
-                        validation_fraction=args.validation_fraction, seed=args.seed, builder=builder,
-                        tokenizer=args.tokenizer, nemo_prompt=args.nemo_prompt, min_score=args.min_score)
+    builder = PreferencePairBuilder(
+        min_score_diff=args.min_score_diff,
+        max_pairs_per_turn=args.max_pairs_per_turn,
+        exhaustive_pairs=not args.best_vs_worst,
+    )
+    report = export_run(
+        args.run_dir,
+        args.out,
+        source=args.source,
+        format=args.format,
+        validation_fraction=args.validation_fraction,
+        seed=args.seed,
+        builder=builder,
+        tokenizer=args.tokenizer,
+        nemo_prompt=args.nemo_prompt,
+        min_score=args.min_score,
+    )
     print(f"wrote {report.records} {report.format} records to {report.out}")
     if report.validation_out is not None:
         print(f"wrote {report.validation_records} {report.format} records to {report.validation_out} (validation)")
@@ -194,15 +255,19 @@ def _export(args: argparse.Namespace) -> int:
         print(f"trajectory groups: {report.groups.summary()}")
         return 0
     stats = report.stats
-    print(f"turns: {stats.turns}  candidates: {stats.candidates}  "
-          f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
-          f"skipped turns (single candidate): {stats.turns_skipped_single_candidate}  "
-          f"skipped pairs (difference < {args.min_score_diff} or tie): {stats.pairs_skipped_small_diff}")
+    print(
+        f"turns: {stats.turns}  candidates: {stats.candidates}  "
+        f"{'examples' if report.format == 'openai-sft' else 'pairs'}: {stats.pairs}  "
+        f"skipped turns (single candidate): {stats.turns_skipped_single_candidate}  "
+        f"skipped pairs (difference < {args.min_score_diff} or tie): {stats.pairs_skipped_small_diff}"
+    )
     if args.min_score is not None:
         print(f"replies below --min-score {args.min_score}: {stats.candidates_below_min_score}")
     if stats.truncated_candidates:
-        print(f"truncated responses (cut at max_tokens, never chosen): {stats.truncated_candidates}  "
-              f"skipped pairs: {stats.pairs_skipped_truncated}")
+        print(
+            f"truncated responses (cut at max_tokens, never chosen): {stats.truncated_candidates}  "
+            f"skipped pairs: {stats.pairs_skipped_truncated}"
+        )
     if stats.by_source:
         print("by source: " + ", ".join(f"{name} {count}" for name, count in sorted(stats.by_source.items())))
     if report.unused:
@@ -217,7 +282,7 @@ def _hyperparameters(items: Sequence[str] | None) -> dict[str, object]:
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--hyperparameter takes KEY=VALUE (e.g. n_epochs=2), got {item!r}")
+            raise OptoValueError(f"--hyperparameter takes KEY=VALUE (e.g. n_epochs=2), got {item!r}")
         try:
             values[key] = json.loads(raw)
         except ValueError:
@@ -250,17 +315,19 @@ def _finetune(args: argparse.Namespace) -> int:
                 atomic_write_json(state, adapter.state_dict())  # type: ignore[attr-defined]
                 print(f"saved the adapter state to {state} (no key)")
             if args.backend in ("trl", "art"):
-                print(f"job folder: {Path(args.output_dir) / ref.job_id} (follow it with: opto finetune status "
-                      f"{ref.job_id} --backend {args.backend} --output-dir {args.output_dir})")
+                print(
+                    f"job folder: {Path(args.output_dir) / ref.job_id} (follow it with: opto finetune status "
+                    f"{ref.job_id} --backend {args.backend} --output-dir {args.output_dir})"
+                )
             if not args.wait:
                 return show(await adapter.status(ref))
-            return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval,
-                                                          timeout=args.timeout))
+            return show(await adapter.wait_until_complete(ref, poll_interval=args.poll_interval, timeout=args.timeout))
         if args.action == "status":
             return show(await adapter.status(args.target))
         if args.action == "wait":
-            return show(await adapter.wait_until_complete(args.target, poll_interval=args.poll_interval,
-                                                          timeout=args.timeout))
+            return show(
+                await adapter.wait_until_complete(args.target, poll_interval=args.poll_interval, timeout=args.timeout)
+            )
         return show(await adapter.cancel(args.target))
 
     return asyncio.run(run())
@@ -274,8 +341,9 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
     from .finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter, TRLAdapter
 
     if args.state and args.backend in ("trl", "art"):
-        raise ValueError(f"--state is for the openai and nemo backends; {args.backend} keeps its jobs in "
-                         "--output-dir")
+        raise OptoValueError(
+            f"--state is for the openai and nemo backends; {args.backend} keeps its jobs in --output-dir"
+        )
     if args.action != "submit" and args.state:
         saved = json.loads(Path(args.state).read_text(encoding="utf-8"))
         restore = NeMoCustomizerAdapter if args.backend == "nemo" else OpenAIFineTuneAdapter
@@ -283,17 +351,20 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
     submit = args.action == "submit"
     model = getattr(args, "model", None)
     if submit and not model:
-        raise ValueError({"openai": "submit needs --model, the base model to fine-tune",
-                          "nemo": "submit needs --model, the Customizer config of the base model "
-                                  "(e.g. meta/llama-3.2-1b-instruct@v1.0.0+A100)",
-                          "trl": "submit needs --model, the folder of the Hugging Face model to train (or "
-                                 "'embedded', the embedded SmolLM2)",
-                          "art": "submit needs --model, the name of the trained model (ART serves it as a LoRA)"
-                          }[args.backend])
+        raise OptoValueError(
+            {
+                "openai": "submit needs --model, the base model to fine-tune",
+                "nemo": "submit needs --model, the Customizer config of the base model "
+                "(e.g. meta/llama-3.2-1b-instruct@v1.0.0+A100)",
+                "trl": "submit needs --model, the folder of the Hugging Face model to train (or "
+                "'embedded', the embedded SmolLM2)",
+                "art": "submit needs --model, the name of the trained model (ART serves it as a LoRA)",
+            }[args.backend]
+        )
     options = _hyperparameters(getattr(args, "hyperparameter", None))
     if args.backend == "trl":
         if not args.output_dir:
-            raise ValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
+            raise OptoValueError("--backend trl needs --output-dir, where the job's folder is (or will be) made")
         max_steps = getattr(args, "max_steps", None)
         method = getattr(args, "method", "dpo")
         if model == "embedded":  # the embedded SmolLM2, converted to a Hugging Face folder once
@@ -301,62 +372,104 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
 
             model = str(embedded_model_folder())
         if method not in ("dpo", "grpo", "sft", "supervised"):
-            raise ValueError(f"--backend trl trains with --method dpo, sft or grpo, not {method}")
-        return TRLAdapter(model or "", output_dir=args.output_dir, method="sft" if method == "supervised" else method,
-                          **({"max_steps": max_steps} if max_steps else {}), config=options,
-                          lora=True if getattr(args, "lora", False) else None)
+            raise OptoValueError(f"--backend trl trains with --method dpo, sft or grpo, not {method}")
+        return TRLAdapter(
+            model or "",
+            output_dir=args.output_dir,
+            method="sft" if method == "supervised" else method,
+            **({"max_steps": max_steps} if max_steps else {}),
+            config=options,
+            lora=True if getattr(args, "lora", False) else None,
+        )
     if args.backend == "art":
         return _art_adapter(args, model)
     method = getattr(args, "method", "dpo")
     if args.backend == "nemo":
-        return NeMoCustomizerAdapter(model or "unknown", base_url=args.base_url, namespace=args.namespace,
-                                     method="sft" if method in ("sft", "supervised") else "dpo",
-                                     hyperparameters=options)
+        return NeMoCustomizerAdapter(
+            model or "unknown",
+            base_url=args.base_url,
+            namespace=args.namespace,
+            method="sft" if method in ("sft", "supervised") else "dpo",
+            hyperparameters=options,
+        )
     if not (os.environ.get("OPENAI_API_KEY") or args.base_url or os.environ.get("OPENAI_BASE_URL")):
-        raise ValueError("no API key: set OPENAI_API_KEY (it is read from the environment only), or give "
-                         "--base-url for an OpenAI-compatible server that needs none")
-    return OpenAIFineTuneAdapter(model or "unknown", method="supervised" if method in ("sft", "supervised")
-                                 else "dpo", base_url=args.base_url, hyperparameters=options,
-                                 suffix=getattr(args, "suffix", None), seed=getattr(args, "seed", None))
+        raise OptoValueError(
+            "no API key: set OPENAI_API_KEY (it is read from the environment only), or give "
+            "--base-url for an OpenAI-compatible server that needs none"
+        )
+    return OpenAIFineTuneAdapter(
+        model or "unknown",
+        method="supervised" if method in ("sft", "supervised") else "dpo",
+        base_url=args.base_url,
+        hyperparameters=options,
+        suffix=getattr(args, "suffix", None),
+        seed=getattr(args, "seed", None),
+    )
 
 
 def _art_adapter(args: argparse.Namespace, model: str | None) -> TrainerAdapter:
     from .finetune import ARTAdapter
 
     if not args.output_dir:
-        raise ValueError("--backend art needs --output-dir, where the job's folder is (or will be) made")
+        raise OptoValueError("--backend art needs --output-dir, where the job's folder is (or will be) made")
     if args.action != "submit":  # status, wait, cancel read the job folder only
         return ARTAdapter("unused", base_model="unused", base_url="http://unused", output_dir=args.output_dir)
     if not args.base_url or not args.base_model:
-        raise ValueError("--backend art needs --base-url (the art run server, or W&B's API root) and --base-model")
-    return ARTAdapter(model or "", base_model=args.base_model, base_url=args.base_url, protocol=args.protocol,
-                      project=args.project, learning_rate=args.learning_rate, kl_penalty=args.kl_penalty,
-                      dev_config={"allow_training_without_logprobs": True} if args.allow_without_logprobs else {},
-                      output_dir=args.output_dir)
+        raise OptoValueError("--backend art needs --base-url (the art run server, or W&B's API root) and --base-model")
+    return ARTAdapter(
+        model or "",
+        base_model=args.base_model,
+        base_url=args.base_url,
+        protocol=args.protocol,
+        project=args.project,
+        learning_rate=args.learning_rate,
+        kl_penalty=args.kl_penalty,
+        dev_config={"allow_training_without_logprobs": True} if args.allow_without_logprobs else {},
+        output_dir=args.output_dir,
+    )
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="turn a run's ledger into preference (or supervised) data")
     export.add_argument("run_dir", help="the run directory (holding ledger.jsonl), or its ledger.jsonl")
-    export.add_argument("--source", choices=[*SOURCES, "all"], default="all",
-                        help="which turns to use (default all)")
-    export.add_argument("--format", choices=list(FORMATS),
-                        default="openai-dpo", help="the output format (default openai-dpo)")
+    export.add_argument("--source", choices=[*SOURCES, "all"], default="all", help="which turns to use (default all)")
+    export.add_argument(
+        "--format", choices=list(FORMATS), default="openai-dpo", help="the output format (default openai-dpo)"
+    )
     export.add_argument("--out", required=True, help="the JSONL file to write")
-    export.add_argument("--validation-fraction", type=float, default=0.0,
-                        help="share of examples written to OUT's .validation.jsonl twin (default 0)")
-    export.add_argument("--min-score-diff", type=float, default=0.0,
-                        help="smallest score difference that makes a pair (default 0: any strict win)")
-    export.add_argument("--min-score", type=float, default=None,
-                        help="openai-sft: every complete reply scoring at least this, single candidate or not "
-                             "(default: each turn's best reply, when it beats another)")
+    export.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.0,
+        help="share of examples written to OUT's .validation.jsonl twin (default 0)",
+    )
+    export.add_argument(
+        "--min-score-diff",
+        type=float,
+        default=0.0,
+        help="smallest score difference that makes a pair (default 0: any strict win)",
+    )
+    export.add_argument(
+        "--min-score",
+        type=float,
+        default=None,
+        help="openai-sft: every complete reply scoring at least this, single candidate or not "
+        "(default: each turn's best reply, when it beats another)",
+    )
     export.add_argument("--max-pairs-per-turn", type=int, default=None, help="keep the N widest pairs per turn")
     export.add_argument("--best-vs-worst", action="store_true", help="one pair per turn instead of every pair")
     export.add_argument("--seed", type=int, default=0, help="the split's seed (default 0)")
-    export.add_argument("--tokenizer", help="trl: the target model's folder (or hub id), whose chat template "
-                        "renders the prompts (required for trl; trl-chat needs none)")
-    export.add_argument("--nemo-prompt", choices=["messages", "string"], default=None,
-                        help="nemo: the prompt as the message list (default) or as the last message's text")
+    export.add_argument(
+        "--tokenizer",
+        help="trl: the target model's folder (or hub id), whose chat template "
+        "renders the prompts (required for trl; trl-chat needs none)",
+    )
+    export.add_argument(
+        "--nemo-prompt",
+        choices=["messages", "string"],
+        default=None,
+        help="nemo: the prompt as the message list (default) or as the last message's text",
+    )
     export.set_defaults(handler=_export)
 
 
@@ -371,43 +484,71 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
     ):
         sub = actions.add_parser(action, help=help_text)
         sub.add_argument("target", help=target)
-        sub.add_argument("--backend", choices=["openai", "nemo", "trl", "art"], default="openai",
-                         help="openai: any OpenAI-compatible fine-tuning API (default); nemo: NVIDIA NeMo "
-                         "Customizer; trl: local DPO; art: GRPO on trajectory groups (OpenPipe ART)")
-        sub.add_argument("--base-url", help="openai: the API root (default OPENAI_BASE_URL, then OpenAI; the key is "
-                         "read from OPENAI_API_KEY); nemo: the Customizer's root (default NEMO_CUSTOMIZER_URL; "
-                         "the key from NEMO_API_KEY or NGC_API_KEY)")
+        sub.add_argument(
+            "--backend",
+            choices=["openai", "nemo", "trl", "art"],
+            default="openai",
+            help="openai: any OpenAI-compatible fine-tuning API (default); nemo: NVIDIA NeMo "
+            "Customizer; trl: local DPO; art: GRPO on trajectory groups (OpenPipe ART)",
+        )
+        sub.add_argument(
+            "--base-url",
+            help="openai: the API root (default OPENAI_BASE_URL, then OpenAI; the key is "
+            "read from OPENAI_API_KEY); nemo: the Customizer's root (default NEMO_CUSTOMIZER_URL; "
+            "the key from NEMO_API_KEY or NGC_API_KEY)",
+        )
         sub.add_argument("--namespace", default="default", help="nemo: the namespace of datasets and models")
         sub.add_argument("--output-dir", help="trl, art: where job folders are")
         if action == "submit":
-            sub.add_argument("--model", help="the base model (openai: its name; nemo: its Customizer config; "
-                             "trl: a model folder, or 'embedded' for the embedded SmolLM2)")
-            sub.add_argument("--method", choices=["dpo", "supervised", "sft", "grpo"], default="dpo",
-                             help="openai, nemo: dpo (default) or supervised (sft); trl: dpo, sft, or grpo (on an "
-                             "art file of trajectory groups)")
-            sub.add_argument("--hyperparameter", action="append", metavar="KEY=VALUE",
-                             help="openai: e.g. n_epochs=2, beta=0.1; nemo: e.g. epochs=1, beta=0.1; "
-                             "trl: any DPOConfig setting (repeatable)")
+            sub.add_argument(
+                "--model",
+                help="the base model (openai: its name; nemo: its Customizer config; "
+                "trl: a model folder, or 'embedded' for the embedded SmolLM2)",
+            )
+            sub.add_argument(
+                "--method",
+                choices=["dpo", "supervised", "sft", "grpo"],
+                default="dpo",
+                help="openai, nemo: dpo (default) or supervised (sft); trl: dpo, sft, or grpo (on an "
+                "art file of trajectory groups)",
+            )
+            sub.add_argument(
+                "--hyperparameter",
+                action="append",
+                metavar="KEY=VALUE",
+                help="openai: e.g. n_epochs=2, beta=0.1; nemo: e.g. epochs=1, beta=0.1; "
+                "trl: any DPOConfig setting (repeatable)",
+            )
             sub.add_argument("--suffix", help="openai: added to the tuned model's name")
             sub.add_argument("--seed", type=int, default=None, help="openai: the job's seed")
             sub.add_argument("--validation-file", help="a validation JSONL file")
             sub.add_argument("--max-steps", type=int, default=None, help="trl: stop after this many steps")
-            sub.add_argument("--lora", action="store_true", help="trl: train a LoRA adapter (peft) instead of all "
-                             "weights")
-            sub.add_argument("--protocol", choices=["art-run", "serverless"], default="art-run",
-                             help="art: an `art run` server (default) or W&B's serverless training API "
-                                  "(key from WANDB_API_KEY)")
+            sub.add_argument(
+                "--lora", action="store_true", help="trl: train a LoRA adapter (peft) instead of all weights"
+            )
+            sub.add_argument(
+                "--protocol",
+                choices=["art-run", "serverless"],
+                default="art-run",
+                help="art: an `art run` server (default) or W&B's serverless training API (key from WANDB_API_KEY)",
+            )
             sub.add_argument("--base-model", help="art: the model the trained LoRA starts from")
             sub.add_argument("--project", default="opto", help="art: the model's project (default opto)")
             sub.add_argument("--learning-rate", type=float, default=5e-6, help="art: the learning rate")
             sub.add_argument("--kl-penalty", type=float, default=None, help="art: the KL penalty (beta)")
-            sub.add_argument("--allow-without-logprobs", action="store_true",
-                             help="art: train on trajectories without logprobs (off-policy)")
+            sub.add_argument(
+                "--allow-without-logprobs",
+                action="store_true",
+                help="art: train on trajectories without logprobs (off-policy)",
+            )
             sub.add_argument("--wait", action="store_true", help="wait until the job finishes")
             sub.add_argument("--state", help="openai, nemo: save the adapter's state (no key) to this JSON file")
         else:
-            sub.add_argument("--state", help="openai, nemo: the state file `submit --state` saved (its base URL, "
-                             "settings and jobs) instead of the options above")
+            sub.add_argument(
+                "--state",
+                help="openai, nemo: the state file `submit --state` saved (its base URL, "
+                "settings and jobs) instead of the options above",
+            )
         if action in ("submit", "wait"):
             sub.add_argument("--poll-interval", type=float, default=10.0, help="seconds between status checks")
             sub.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
@@ -427,15 +568,23 @@ class _VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opto", description="Optimize the text parameters of LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
-    parser.add_argument("--version", action=_VersionAction, nargs=0,
-                        help="print the version, where opto is installed, and any package clashing with it")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        nargs=0,
+        help="print the version, where opto is installed, and any package clashing with it",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="a few-shot agent learns its demos offline on the bundled local model")
     demo.add_argument("--model", help="model name on an OpenAI-compatible server (default: local SmolLM2)")
-    demo.add_argument("--base-url", help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1; "
-                      "the key comes from OPENAI_API_KEY")
-    demo.add_argument("--task", default="plural", choices=bigbench_tasks(), help="shipped BIG-bench task (default plural)")
+    demo.add_argument(
+        "--base-url",
+        help="OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1; the key comes from OPENAI_API_KEY",
+    )
+    demo.add_argument(
+        "--task", default="plural", choices=bigbench_tasks(), help="shipped BIG-bench task (default plural)"
+    )
     demo.add_argument("--train", type=int, default=12, help="training examples (default 12)")
     demo.add_argument("--validation", type=int, default=24, help="validation examples (default 24)")
     demo.add_argument("--test", type=int, default=64, help="held-out test examples (default 64)")
@@ -444,17 +593,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="split and shuffle seed (default 0)")
     demo.add_argument("--run-dir", help="where to write the run (default runs/demo-<time>)")
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    demo.add_argument("--finetune", choices=("sft", "dpo", "grpo"),
-                      help="prompts, then weights: after the prompt stage, fine-tune the embedded model (LoRA, TRL) "
-                           "on the optimized agent's answers, asked zero-shot, then optimize the prompt again")
-    demo.add_argument("--collect", type=int, default=256,
-                      help="with --finetune: training examples the optimized agent answers (default 256)")
+    demo.add_argument(
+        "--finetune",
+        choices=("sft", "dpo", "grpo"),
+        help="prompts, then weights: after the prompt stage, fine-tune the embedded model (LoRA, TRL) "
+        "on the optimized agent's answers, asked zero-shot, then optimize the prompt again",
+    )
+    demo.add_argument(
+        "--collect",
+        type=int,
+        default=256,
+        help="with --finetune: training examples the optimized agent answers (default 256)",
+    )
     demo.add_argument("--no-again", action="store_true", help="with --finetune: stop after the fine-tuned stage")
     demo.add_argument("--resume", action="store_true", help="with --finetune: continue the run in --run-dir")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
-    gather = commands.add_parser("collect", help="RL data: the demo's few-shot agent answers each example several "
-                                 "times, without optimizing")
+    gather = commands.add_parser(
+        "collect", help="RL data: the demo's few-shot agent answers each example several times, without optimizing"
+    )
     gather.add_argument("--run-dir", required=True, help="where to write the rollouts (ledger.jsonl)")
     gather.add_argument("--samples", type=int, default=4, help="rollouts per example (default 4)")
     gather.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
@@ -477,10 +634,17 @@ def build_parser() -> argparse.ArgumentParser:
     answer.add_argument("--echo", action="store_true", help='answer "echo: <last user message>" (the default)')
     fake.add_argument("--rate-limit", type=float, default=None, help="requests per second before 429s")
     servers = fake.add_mutually_exclusive_group()
-    servers.add_argument("--nemo", action="store_true", help="serve the fake NeMo Data Store, Entity Store and "
-                         "Customizer instead (for opto finetune --backend nemo)")
-    servers.add_argument("--art", action="store_true", help="serve the fake ART training server instead (art run "
-                         "routes and W&B's serverless API, key test-key; for opto finetune --backend art)")
+    servers.add_argument(
+        "--nemo",
+        action="store_true",
+        help="serve the fake NeMo Data Store, Entity Store and Customizer instead (for opto finetune --backend nemo)",
+    )
+    servers.add_argument(
+        "--art",
+        action="store_true",
+        help="serve the fake ART training server instead (art run "
+        "routes and W&B's serverless API, key test-key; for opto finetune --backend art)",
+    )
     fake.set_defaults(handler=_fake_server)
     report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
     report.add_argument("run_dir", help="the run directory")
@@ -493,8 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.handler(args)
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import OptoError
+from .errors import OptoError, OptoValueError
 from .parameters import Parameter, _short
 
 __all__ = ["SkippedValue", "UpdateError", "UpdateResult", "construct_update", "construct_update_dict"]
@@ -64,7 +64,7 @@ def _to_bool(value: Any) -> bool:
             return True
         if word in _FALSE_WORDS:
             return False
-    raise ValueError(f"cannot read {_short(value)} as a bool")
+    raise OptoValueError(f"cannot read {_short(value)} as a bool")
 
 
 def _to_int(value: Any) -> int:
@@ -76,21 +76,21 @@ def _to_int(value: Any) -> int:
             try:
                 number = float(value.strip())
             except ValueError:
-                raise ValueError(f"cannot read {_short(value)} as an int") from None
+                raise OptoValueError(f"cannot read {_short(value)} as an int") from None
     if isinstance(number, bool):
-        raise ValueError(f"{value!r} is a bool, not an int")
+        raise OptoValueError(f"{value!r} is a bool, not an int")
     if isinstance(number, int):
         return number
     if isinstance(number, float):
         if math.isfinite(number) and number.is_integer():
             return int(number)
-        raise ValueError(f"{_short(value)} is not a whole number")
-    raise ValueError(f"cannot read {_short(value)} as an int")
+        raise OptoValueError(f"{_short(value)} is not a whole number")
+    raise OptoValueError(f"cannot read {_short(value)} as an int")
 
 
 def _to_float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is a bool, not a number")
+        raise OptoValueError(f"{value!r} is a bool, not a number")
     try:
         if isinstance(value, (int, float)):
             return float(value)
@@ -98,7 +98,7 @@ def _to_float(value: Any) -> float:
             return float(value.strip())
     except (ValueError, OverflowError):
         pass
-    raise ValueError(f"cannot read {_short(value)} as a number")
+    raise OptoValueError(f"cannot read {_short(value)} as a number")
 
 
 def _to_str(value: Any) -> str:
@@ -117,7 +117,7 @@ def _to_container(kind: type) -> Callable[[Any], Any]:
             value = list(value)
         if isinstance(value, kind):
             return value
-        raise ValueError(f"cannot read {_short(value)} as a {kind.__name__}")
+        raise OptoValueError(f"cannot read {_short(value)} as a {kind.__name__}")
 
     return convert
 
@@ -143,7 +143,7 @@ _COERCIONS: dict[type, Callable[[Any], Any]] = {
 def _coerce(param: Parameter, value: Any) -> Any:
     """`value` converted to the parameter's type and validated; ValueError says why not."""
     if value is None:
-        raise ValueError("no value (None)")
+        raise OptoValueError("no value (None)")
     return param.validate(_COERCIONS[param.type](value))
 
 
@@ -175,9 +175,9 @@ def _by_name(parameters: Mapping[str, Parameter] | Iterable[Parameter]) -> dict[
     named: dict[str, Parameter] = {}
     for param in parameters:
         if param.name is None:
-            raise ValueError(f"{param!r} has no name; pass a mapping of name -> Parameter")
+            raise OptoValueError(f"{param!r} has no name; pass a mapping of name -> Parameter")
         if named.get(param.name, param) is not param:
-            raise ValueError(f"two parameters are named {param.name!r}")
+            raise OptoValueError(f"two parameters are named {param.name!r}")
         named[param.name] = param
     return named
 

@@ -28,6 +28,7 @@ from ._async import gather_all, run_sync
 from ._io import atomic_write_json, atomic_write_jsonl, read_jsonl, repair_jsonl
 from .agent import Agent
 from .data import Example, load_dataset
+from .errors import OptoTypeError, OptoValueError
 from .events import RolloutEvent
 from .guides import Guide
 from .ledger import RunDir
@@ -88,29 +89,38 @@ async def acollect(
         seed: sample k of every example is drawn with seed `seed + k`.
         resume: continue a collection in `run_dir` (same settings) instead of refusing it.
         concurrency: rollouts at once.
-        min_score, rollout_timeout: as in `train()`: a failed rollout's score, and the
-            seconds after which a rollout counts as failed.
+        min_score: a failed rollout's score, as in `train()`.
+        rollout_timeout: seconds after which a rollout counts as failed, as in `train()`.
     """
     if not isinstance(agent, Agent):
-        raise TypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
+        raise OptoTypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
     if not hasattr(guide, "aget_feedback"):
-        raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
+        raise OptoTypeError(
+            f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
+        )
     if not isinstance(samples, int) or samples < 2:
-        raise ValueError(f"samples must be an int >= 2 (a group needs rollouts to compare), got {samples!r}")
+        raise OptoValueError(f"samples must be an int >= 2 (a group needs rollouts to compare), got {samples!r}")
     if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
     started = time.monotonic()
     examples = load_dataset(dataset)
     run = RunDir(run_dir)
-    settings = {"samples": samples, "temperature": temperature, "seed": seed, "num_examples": len(examples),
-                "values": agent.stored_values(trainable_only=True)}
+    settings = {
+        "samples": samples,
+        "temperature": temperature,
+        "seed": seed,
+        "num_examples": len(examples),
+        "values": agent.stored_values(trainable_only=True),
+    }
     done = _start(run, settings, resume)
     todo = [e for e in examples if e.id not in done]
-    result = CollectResult(run_dir=str(run.path), examples=len(examples), samples=samples,
-                           skipped_examples=len(examples) - len(todo))
+    result = CollectResult(
+        run_dir=str(run.path), examples=len(examples), samples=samples, skipped_examples=len(examples) - len(todo)
+    )
     gate = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(examples), initial=result.skipped_examples, disable=not progress, desc="collect",
-               unit="example")
+    bar = tqdm(
+        total=len(examples), initial=result.skipped_examples, disable=not progress, desc="collect", unit="example"
+    )
     scores: list[Rollout] = []
 
     async def sample(example: Example, k: int) -> Rollout:
@@ -120,8 +130,12 @@ async def acollect(
 
     async def one_example(example: Example) -> None:
         rollouts = await gather_all(sample(example, k) for k in range(samples))
-        run.append_events([RolloutEvent(step=COLLECT_STEP, phase="collect", sample=k, **r.to_record())
-                           for k, r in enumerate(rollouts)])
+        run.append_events(
+            [
+                RolloutEvent(step=COLLECT_STEP, phase="collect", sample=k, **r.to_record())
+                for k, r in enumerate(rollouts)
+            ]
+        )
         result.rollouts += len(rollouts)
         result.failed += sum(r.failed for r in rollouts)
         scores.extend(rollouts)
@@ -146,17 +160,22 @@ def _start(run: RunDir, settings: dict[str, Any], resume: bool) -> set[str]:
     path = run.path / _SETTINGS
     if not path.exists():
         if run.ledger_path.exists():
-            raise ValueError(f"{run.path} already holds a run that opto.collect did not write; choose another run_dir")
+            raise OptoValueError(
+                f"{run.path} already holds a run that opto.collect did not write; choose another run_dir"
+            )
         atomic_write_json(path, settings)
         return set()
     if not resume:
-        raise ValueError(f"{run.path} already holds a collection; pass resume=True to continue it, "
-                         "or choose another run_dir")
+        raise OptoValueError(
+            f"{run.path} already holds a collection; pass resume=True to continue it, or choose another run_dir"
+        )
     saved = _saved_settings(path)
     for key, value in settings.items():
         if saved.get(key) != value:
-            raise ValueError(f"cannot resume the collection in {run.path}: it was started with {key}={saved.get(key)!r}, "
-                             f"this call has {key}={value!r}")
+            raise OptoValueError(
+                f"cannot resume the collection in {run.path}: it was started with {key}={saved.get(key)!r}, "
+                f"this call has {key}={value!r}"
+            )
     repair_jsonl(run.ledger_path)
     records = read_jsonl(run.ledger_path)
     counts: dict[str, int] = {}
@@ -174,7 +193,7 @@ def _saved_settings(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{path} is not a valid opto collection settings file: {exc}") from exc
+        raise OptoValueError(f"{path} is not a valid opto collection settings file: {exc}") from exc
     if not isinstance(value, dict):
-        raise ValueError(f"{path} is not a valid opto collection settings file (not a JSON object)")
+        raise OptoValueError(f"{path} is not a valid opto collection settings file (not a JSON object)")
     return value

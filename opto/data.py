@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from .errors import OptoError
+
+from .errors import MissingFileError, OptoError, OptoValueError
 
 __all__ = ["DataLoader", "DatasetError", "Example", "load_dataset"]
 
@@ -92,7 +93,7 @@ def load_dataset(dataset: Any) -> list[Example]:
 
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise MissingFileError(f"dataset file not found: {path}")
     rows: list[tuple[str, Any]] = []
     try:
         text = path.read_text(encoding="utf-8")
@@ -116,8 +117,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
             ) from exc
         if not isinstance(row, dict):
             raise DatasetError(
-                f"{where} is a JSON {type(row).__name__}, not an object; write each row as "
-                '{"x": ..., "info": ...}'
+                f'{where} is a JSON {type(row).__name__}, not an object; write each row as {{"x": ..., "info": ...}}'
             )
         rows.append((where, row))
     return rows
@@ -205,7 +205,7 @@ class DataLoader:
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = True, seed: int = 0) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+            raise OptoValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         _check_seed(seed)
         self.dataset: list[Example] = load_dataset(dataset)
         self.batch_size = batch_size
@@ -245,7 +245,7 @@ class DataLoader:
         with `load_state_dict` stops where the uninterrupted run would have stopped.
         """
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 0:
-            raise ValueError(f"num_epochs must be an int >= 0, got {num_epochs!r}")
+            raise OptoValueError(f"num_epochs must be an int >= 0, got {num_epochs!r}")
         return self._generate(num_epochs)
 
     def _generate(self, num_epochs: int) -> Iterator[tuple[int, int, list[Example]]]:
@@ -273,19 +273,19 @@ class DataLoader:
         """Continue from a `state_dict()`; the dataset and batch size must be the same as then."""
         missing = {"epoch", "step", "seed"} - set(state)
         if missing:
-            raise ValueError(f"loader state is missing {sorted(missing)}; pass a dict from DataLoader.state_dict()")
+            raise OptoValueError(f"loader state is missing {sorted(missing)}; pass a dict from DataLoader.state_dict()")
         for key, current in (("batch_size", self.batch_size), ("num_examples", len(self.dataset))):
             if key in state and state[key] != current:
-                raise ValueError(
+                raise OptoValueError(
                     f"loader state was saved with {key}={state[key]} but this loader has {key}={current}; "
                     "resume with the same dataset and batch size"
                 )
         epoch, step, seed = state["epoch"], state["step"], state["seed"]
         _check_seed(seed)
         if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"loader state has an invalid epoch {epoch!r}; it must be an int >= 0")
+            raise OptoValueError(f"loader state has an invalid epoch {epoch!r}; it must be an int >= 0")
         if not isinstance(step, int) or not 0 <= step < len(self):
-            raise ValueError(f"loader state has step {step!r}; this loader has steps 0..{len(self) - 1} per epoch")
+            raise OptoValueError(f"loader state has step {step!r}; this loader has steps 0..{len(self) - 1} per epoch")
         self.seed = seed
         self.shuffle = bool(state.get("shuffle", self.shuffle))
         self._epoch, self._step = epoch, step
@@ -311,4 +311,4 @@ class DataLoader:
 
 def _check_seed(seed: Any) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        raise OptoValueError(f"seed must be an int >= 0, got {seed!r}")

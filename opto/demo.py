@@ -60,8 +60,9 @@ class FewShotAgent(Agent):
     Both the system prompt and the demos are trainable; the answer is the reply's first line.
     """
 
-    def __init__(self, model: Model, prompt: str = "Answer the question.", max_demos: int = 4,
-                 max_tokens: int = 12) -> None:
+    def __init__(
+        self, model: Model, prompt: str = "Answer the question.", max_demos: int = 4, max_tokens: int = 12
+    ) -> None:
         self.model = model
         self.max_tokens = max_tokens
         self.system_prompt = Parameter(
@@ -128,8 +129,15 @@ def _test_change(run: RunDir) -> dict[str, Any]:
     return {"test_change": change.difference, "test_change_interval": (change.interval.low, change.interval.high)}
 
 
-def demo_trainer(agent: FewShotAgent, model: Model, *, task: str = DEMO_TASK, validation_n: int = 24,
-                 seed: int = 0, selection: str = "greedy") -> AggregatedUpdate:
+def demo_trainer(
+    agent: FewShotAgent,
+    model: Model,
+    *,
+    task: str = DEMO_TASK,
+    validation_n: int = 24,
+    seed: int = 0,
+    selection: str = "greedy",
+) -> AggregatedUpdate:
     """The demo's trainer: `model` proposes the prompt (`Optimizer`) and merges the
     proposals, `DemoProposer` picks demos from the labels, the task's validation split
     decides acceptance."""

@@ -11,7 +11,7 @@ version) had the same kinds and fields; `v` is then 1 and `proposer` "optimizer"
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
@@ -171,8 +171,16 @@ class PoolEvent(_Event):
 
 
 LedgerEvent = Annotated[
-    Union[RolloutEvent, ProposalEvent, ProposalErrorEvent, ProposalScoreEvent, CandidateEvent,
-          AggregateErrorEvent, DecisionEvent, AppliedEvent, ParentEvent, PoolEvent],
+    RolloutEvent
+    | ProposalEvent
+    | ProposalErrorEvent
+    | ProposalScoreEvent
+    | CandidateEvent
+    | AggregateErrorEvent
+    | DecisionEvent
+    | AppliedEvent
+    | ParentEvent
+    | PoolEvent,
     Field(discriminator="type"),
 ]
 """Any ledger record, told apart by `type`."""

@@ -21,6 +21,8 @@ from opto.llm.base import Model
 from opto.llm.errors import BudgetExceeded, LLMError
 from opto.prompting import PromptTemplate
 
+from .errors import OptoTypeError, OptoValueError
+
 __all__ = ["ExactMatchGuide", "Feedback", "Guide", "LLMJudgeGuide", "parse_score"]
 
 
@@ -47,9 +49,9 @@ class Feedback(BaseModel):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"score must be a number or None, got {type(value).__name__} {value!r}")
+            raise OptoValueError(f"score must be a number or None, got {type(value).__name__} {value!r}")
         if not math.isfinite(value):
-            raise ValueError(f"score must be finite, got {value!r}; use None for 'could not judge'")
+            raise OptoValueError(f"score must be finite, got {value!r}; use None for 'could not judge'")
         return float(value)
 
 
@@ -85,7 +87,7 @@ def _to_feedback(result: Any, guide: str) -> Feedback:
         score, text = result
         return Feedback(score=score, feedback="" if text is None else str(text))
     if result is None or isinstance(result, bool) or not isinstance(result, (int, float)):
-        raise TypeError(
+        raise OptoTypeError(
             f"{guide}.get_feedback returned {type(result).__name__} {result!r}; return a Feedback, "
             "a (score, feedback) tuple or a number"
         )
@@ -125,13 +127,13 @@ class ExactMatchGuide(Guide):
 
 def _targets(info: Any) -> list[str]:
     if info is None:
-        raise ValueError(
+        raise OptoValueError(
             "ExactMatchGuide needs the example's info to be the expected answer (or a list of accepted answers), "
             "got None"
         )
     targets = [str(t) for t in info] if isinstance(info, (list, tuple, set, frozenset)) else [str(info)]
     if not targets:
-        raise ValueError("ExactMatchGuide got an empty list of accepted answers in info; give at least one")
+        raise OptoValueError("ExactMatchGuide got an empty list of accepted answers in info; give at least one")
     return targets
 
 
@@ -171,9 +173,7 @@ _MARKUP = r"[\s*_`]*"
 _LINE_START = r"^[\s*_`#>]*(?:-\s+)?"  # markdown and a "- " bullet; a "-" before a digit is a sign
 _SCORE_AFTER = _MARKUP + r"(?:[:=]|is\b|of\b)?" + _MARKUP + _NUMBER + _DENOMINATOR
 # "Score: 7" at the start of a line (after markdown, a bullet, "Final"/"Overall").
-_SCORE_LINE = re.compile(
-    _LINE_START + r"(?:(?:final|overall|total)\s+)?score\b" + _SCORE_AFTER, re.IGNORECASE
-)
+_SCORE_LINE = re.compile(_LINE_START + r"(?:(?:final|overall|total)\s+)?score\b" + _SCORE_AFTER, re.IGNORECASE)
 # "... a score of 7 ..." anywhere in a line.
 _SCORE_INLINE = re.compile(r"\bscore\b" + _SCORE_AFTER, re.IGNORECASE)
 # A last line that is nothing but a score: "7", "7/10", "seven", "Rating: 7".
@@ -256,15 +256,15 @@ class LLMJudgeGuide(Guide):
         out_of: int = 10,
     ) -> None:
         if not hasattr(model, "complete"):
-            raise TypeError(f"model must be an opto.llm Model, got {type(model).__name__}")
+            raise OptoTypeError(f"model must be an opto.llm Model, got {type(model).__name__}")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("question must be a non-empty str saying what the judge should assess")
+            raise OptoValueError("question must be a non-empty str saying what the judge should assess")
         if isinstance(max_generation_retries, bool) or not isinstance(max_generation_retries, int):
-            raise ValueError(f"max_generation_retries must be an int >= 0, got {max_generation_retries!r}")
+            raise OptoValueError(f"max_generation_retries must be an int >= 0, got {max_generation_retries!r}")
         if max_generation_retries < 0:
-            raise ValueError(f"max_generation_retries must be an int >= 0, got {max_generation_retries!r}")
+            raise OptoValueError(f"max_generation_retries must be an int >= 0, got {max_generation_retries!r}")
         if isinstance(out_of, bool) or not isinstance(out_of, int) or out_of < 1:
-            raise ValueError(f"out_of must be an int >= 1, got {out_of!r}")
+            raise OptoValueError(f"out_of must be an int >= 1, got {out_of!r}")
         self.model = model
         self.question = question
         self.template = PromptTemplate.resolve(template, "judge")

@@ -17,10 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
-from ._io import (append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, remove_stale_temp_files,
-                  repair_jsonl)
+from ._io import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, remove_stale_temp_files, repair_jsonl
 from .callbacks import Callback
-from .errors import RunDirError, RunDirWriteError
+from .errors import OptoValueError, RunDirError, RunDirWriteError
 from .events import LedgerEvent, StepRecord, parse_event
 from .llm.usage import UsageStats
 
@@ -29,10 +28,24 @@ __all__ = ["Checkpoint", "RunDir", "RunDirWriter", "damaged", "read_json_object"
 CHECKPOINT_VERSION = 1
 
 # Keys every checkpoint opto ever wrote has: one without them is damaged, not old.
-_REQUIRED_KEYS = ("version", "step", "epoch", "loader_state", "parameters", "config", "accepted", "rejected",
-                  "no_update", "train_scores", "test_scores", "finished")
-_ADVICE = ("Nothing in the folder was changed. Restore the file from a backup, or start a new run in another "
-           "run_dir (the files there can still be read, e.g. with `opto report`).")
+_REQUIRED_KEYS = (
+    "version",
+    "step",
+    "epoch",
+    "loader_state",
+    "parameters",
+    "config",
+    "accepted",
+    "rejected",
+    "no_update",
+    "train_scores",
+    "test_scores",
+    "finished",
+)
+_ADVICE = (
+    "Nothing in the folder was changed. Restore the file from a backup, or start a new run in another "
+    "run_dir (the files there can still be read, e.g. with `opto report`)."
+)
 
 
 def damaged(path: Path, what: str) -> RunDirError:
@@ -90,25 +103,34 @@ class Checkpoint(BaseModel):
     def _consistent(self) -> Checkpoint:
         """What every checkpoint opto writes satisfies, so a damaged one is caught on load."""
         if self.version > CHECKPOINT_VERSION:
-            raise ValueError(f"version: {self.version} was written by a newer opto (this one reads "
-                             f"{CHECKPOINT_VERSION}); upgrade opto to resume it")
+            raise OptoValueError(
+                f"version: {self.version} was written by a newer opto (this one reads "
+                f"{CHECKPOINT_VERSION}); upgrade opto to resume it"
+            )
         if self.accepted + self.rejected + self.no_update != self.step:
-            raise ValueError(f"step: {self.step} steps, but accepted + rejected + no_update = "
-                             f"{self.accepted} + {self.rejected} + {self.no_update}")
+            raise OptoValueError(
+                f"step: {self.step} steps, but accepted + rejected + no_update = "
+                f"{self.accepted} + {self.rejected} + {self.no_update}"
+            )
         if len(self.train_scores) != self.step:
-            raise ValueError(f"train_scores: {len(self.train_scores)} scores for {self.step} steps")
+            raise OptoValueError(f"train_scores: {len(self.train_scores)} scores for {self.step} steps")
         if self.step > 0 and not self.loader_state:
-            raise ValueError(f"loader_state: empty after {self.step} steps")
+            raise OptoValueError(f"loader_state: empty after {self.step} steps")
         scored = [step for step, _ in self.test_scores]
         beyond = [s for s in [*scored, *self.final_evaluations, *self.test_intervals] if not 0 <= s <= self.step]
         if beyond:
-            raise ValueError(f"test_scores: an evaluation at step {beyond[0]}, outside 0..{self.step}")
-        if self.best is not None and not (isinstance(self.best.get("step"), int) and 0 <= self.best["step"] <= self.step
-                                          and isinstance(self.best.get("parameters"), dict)):
-            raise ValueError("best: needs a step within 0..step and a parameters object")
+            raise OptoValueError(f"test_scores: an evaluation at step {beyond[0]}, outside 0..{self.step}")
+        if self.best is not None and not (
+            isinstance(self.best.get("step"), int)
+            and 0 <= self.best["step"] <= self.step
+            and isinstance(self.best.get("parameters"), dict)
+        ):
+            raise OptoValueError("best: needs a step within 0..step and a parameters object")
         if self.pending_metrics is not None and self.pending_metrics.get("step") != self.step:
-            raise ValueError(f"pending_metrics: owes step {self.pending_metrics.get('step')!r}, not the "
-                             f"checkpoint's step {self.step}")
+            raise OptoValueError(
+                f"pending_metrics: owes step {self.pending_metrics.get('step')!r}, not the "
+                f"checkpoint's step {self.step}"
+            )
         return self
 
 
@@ -117,6 +139,8 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run_dir {self.path} is a file; give a folder (it is made if missing)")
         self.path.mkdir(parents=True, exist_ok=True)
         self.ledger_path = self.path / "ledger.jsonl"
         self.checkpoint_path = self.path / "checkpoint.json"
@@ -127,8 +151,14 @@ class RunDir:
 
     @property
     def files(self) -> tuple[Path, ...]:
-        return (self.ledger_path, self.checkpoint_path, self.metrics_path, self.eval_path, self.agent_path,
-                self.best_path)
+        return (
+            self.ledger_path,
+            self.checkpoint_path,
+            self.metrics_path,
+            self.eval_path,
+            self.agent_path,
+            self.best_path,
+        )
 
     @contextlib.contextmanager
     def _writing(self, path: Path) -> Iterator[None]:
@@ -138,9 +168,12 @@ class RunDir:
         except OSError as exc:
             if isinstance(exc, RunDirWriteError):
                 raise
-            raise RunDirWriteError(exc.errno, f"could not write {path.name} in {self.path} ({exc.strerror or exc}): "
-                                   "the run stops after keeping what it can; train(..., resume=True) continues "
-                                   "from the last saved step once the disk is writable") from exc
+            raise RunDirWriteError(
+                exc.errno,
+                f"could not write {path.name} in {self.path} ({exc.strerror or exc}): "
+                "the run stops after keeping what it can; train(..., resume=True) continues "
+                "from the last saved step once the disk is writable",
+            ) from exc
 
     def append_events(self, events: list[LedgerEvent]) -> None:
         """Append events to the ledger (one JSON line each): all of them, or none."""
@@ -168,8 +201,20 @@ class RunDir:
         the lines of the run's final evaluation also say `"final": true`."""
         marker = {"final": True} if final else {}
         with self._writing(self.eval_path):
-            append_jsonl(self.eval_path, [{"step": step, "example_id": r.example_id, "output": r.output,
-                                           "score": r.score, "error": r.error, **marker} for r in rollouts])
+            append_jsonl(
+                self.eval_path,
+                [
+                    {
+                        "step": step,
+                        "example_id": r.example_id,
+                        "output": r.output,
+                        "score": r.score,
+                        "error": r.error,
+                        **marker,
+                    }
+                    for r in rollouts
+                ],
+            )
 
     def evaluations(self) -> list[dict[str, Any]]:
         return read_jsonl(self.eval_path)
@@ -198,8 +243,9 @@ class RunDir:
         """Whether the files a run appends to (ledger, metrics, evaluations) have content:
         they are written only after a first checkpoint, which agent.json and best.json,
         rewritten from each checkpoint, can precede."""
-        return any(path.exists() and path.stat().st_size > 0
-                   for path in (self.ledger_path, self.metrics_path, self.eval_path))
+        return any(
+            path.exists() and path.stat().st_size > 0 for path in (self.ledger_path, self.metrics_path, self.eval_path)
+        )
 
     def reset(self) -> None:
         """Before a new run in a folder that holds none (`holds_a_run()` is False): remove
@@ -234,10 +280,14 @@ class RunDir:
         finals = set(saved.final_evaluations) - {owed_final}
         scored = {step for step, _ in saved.test_scores}
         self._keep(self.ledger_path, lambda r: r.get("step", 0) <= saved.step)
-        self._keep(self.metrics_path, lambda r: r.get("step", 0) <= lines_up_to and (
-            not r.get("final") or r.get("step") in finals))
-        self._keep(self.eval_path, lambda r: r.get("step") in saved.final_evaluations if r.get("final")
-                   else r.get("step") in scored)
+        self._keep(
+            self.metrics_path,
+            lambda r: r.get("step", 0) <= lines_up_to and (not r.get("final") or r.get("step") in finals),
+        )
+        self._keep(
+            self.eval_path,
+            lambda r: r.get("step") in saved.final_evaluations if r.get("final") else r.get("step") in scored,
+        )
 
     @staticmethod
     def _keep(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
@@ -247,7 +297,6 @@ class RunDir:
         kept = [r for r in records if keep(r)]
         if len(kept) != len(records):
             atomic_write_jsonl(path, kept)
-
 
 
 class RunDirWriter(Callback):
@@ -301,8 +350,14 @@ def describe_validation(exc: ValidationError) -> str:
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"]) or "the file"
         message = error["msg"].removeprefix("Value error, ")
-        found = "" if field == "the file" or isinstance(error.get("input"), (dict, list)) else \
-            f" (found {error.get('input')!r})"
-        parts.append(f"{message}{found}" if message.startswith(f"{field}:") or field == "the file"
-                     else f"{field}: {message}{found}")
+        found = (
+            ""
+            if field == "the file" or isinstance(error.get("input"), (dict, list))
+            else f" (found {error.get('input')!r})"
+        )
+        parts.append(
+            f"{message}{found}"
+            if message.startswith(f"{field}:") or field == "the file"
+            else f"{field}: {message}{found}"
+        )
     return "; ".join(parts)

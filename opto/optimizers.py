@@ -16,9 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import Field
 
+from .demo_rules import add_demo, shows_input
+from .errors import OptoValueError
 from .llm.base import Model
 from .llm.tracing import bounded_trace
-from .demo_rules import add_demo, shows_input
 from .parameters import Demos, Parameter, ParameterError
 from .prompting import PromptTemplate
 from .rollout import Rollout
@@ -113,13 +114,13 @@ class Optimizer:
         skip_perfect: bool = False,
     ) -> None:
         if num_proposals < 1:
-            raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
+            raise OptoValueError(f"num_proposals must be >= 1, got {num_proposals}")
         if max_trace_chars < 1:
-            raise ValueError(f"max_trace_chars must be >= 1, got {max_trace_chars}")
+            raise OptoValueError(f"max_trace_chars must be >= 1, got {max_trace_chars}")
         if max_examples < 1:
-            raise ValueError(f"max_examples must be >= 1, got {max_examples}")
+            raise OptoValueError(f"max_examples must be >= 1, got {max_examples}")
         if successes < 0:
-            raise ValueError(f"successes must be >= 0, got {successes}")
+            raise OptoValueError(f"successes must be >= 0, got {successes}")
         self.model = model
         self.template = PromptTemplate.resolve(template, "optimizer")
         self.num_proposals = num_proposals
@@ -154,8 +155,11 @@ class Optimizer:
             return []
         return await self._ask(editable, self.build_messages(parameters, instance), [instance.example_id], [])
 
-    def build_batch_messages(self, parameters: Sequence[Parameter], rollouts: Sequence[Rollout],
-                             ) -> tuple[list[dict[str, str]], list[Rollout]]:
+    def build_batch_messages(
+        self,
+        parameters: Sequence[Parameter],
+        rollouts: Sequence[Rollout],
+    ) -> tuple[list[dict[str, str]], list[Rollout]]:
         """The reflective prompt for a batch, and the rollouts it shows (failures first)."""
         failures = [r for r in rollouts if not self.went_right(r)]
         shown = failures[: self.max_examples]
@@ -164,8 +168,17 @@ class Optimizer:
         share = max(1, self.max_trace_chars // max(1, len(examples)))
         messages = self.reflect_template.render(
             parameters=[{**p.describe(), "trainable": _editable(p)} for p in parameters],
-            examples=[{"x": r.x, "trace": bounded_trace(r.trace, share), "output": r.output, "score": r.score,
-                       "feedback": r.feedback, "success": self.went_right(r)} for r in examples],
+            examples=[
+                {
+                    "x": r.x,
+                    "trace": bounded_trace(r.trace, share),
+                    "output": r.output,
+                    "score": r.score,
+                    "feedback": r.feedback,
+                    "success": self.went_right(r),
+                }
+                for r in examples
+            ],
             omitted=len(failures) - len(shown),
         )
         return messages, examples
@@ -180,8 +193,9 @@ class Optimizer:
         seen = [r.example_id for r in shown]
         return await self._ask(editable, messages, seen, seen)
 
-    async def _ask(self, editable: list[Parameter], messages: list[dict[str, str]], instance: list[str],
-                   seen: list[str]) -> list[Proposal]:
+    async def _ask(
+        self, editable: list[Parameter], messages: list[dict[str, str]], instance: list[str], seen: list[str]
+    ) -> list[Proposal]:
         completion = await self.model.complete(
             messages,
             response_format=reply_format(editable, ["reasoning"], "proposal") if self.structured else JSON_MODE,
@@ -190,8 +204,16 @@ class Optimizer:
             n=self.num_proposals,
         )
         return [
-            Proposal.read(editable, text, messages, proposer=self.name, instance_id=instance[0],
-                          instance_ids=seen, sample_index=index, truncated=completion.truncated)
+            Proposal.read(
+                editable,
+                text,
+                messages,
+                proposer=self.name,
+                instance_id=instance[0],
+                instance_ids=seen,
+                sample_index=index,
+                truncated=completion.truncated,
+            )
             for index, text in enumerate(completion.texts)
         ]
 
@@ -208,7 +230,7 @@ def default_label(x: Any, info: Any) -> Any:
         return info
     if isinstance(info, (list, tuple)) and info and isinstance(info[0], str):
         return info[0]
-    raise ValueError(
+    raise OptoValueError(
         f"DemoProposer cannot make a demo output from info {info!r}: give label=lambda x, info: ... "
         "returning the answer the demo should show"
     )
@@ -246,9 +268,9 @@ class DemoProposer:
         name: str = "demos",
     ) -> None:
         if source not in ("labels", "successes", "both"):
-            raise ValueError(f"source must be 'labels', 'successes' or 'both', got {source!r}")
+            raise OptoValueError(f"source must be 'labels', 'successes' or 'both', got {source!r}")
         if max_demos is not None and (isinstance(max_demos, bool) or not isinstance(max_demos, int) or max_demos < 1):
-            raise ValueError(f"max_demos must be an int >= 1 or None, got {max_demos!r}")
+            raise OptoValueError(f"max_demos must be an int >= 1 or None, got {max_demos!r}")
         self.label = label or default_label
         self.source = source
         self.max_demos = max_demos
@@ -265,10 +287,13 @@ class DemoProposer:
         return None
 
     async def propose(self, parameters: Sequence[Parameter], rollout: Rollout) -> list[Proposal]:
-        targets = [p for p in parameters if isinstance(p, Demos) and p.trainable
-                   and (self.target is None or p.name == self.target)]
+        targets = [
+            p
+            for p in parameters
+            if isinstance(p, Demos) and p.trainable and (self.target is None or p.name == self.target)
+        ]
         if self.target is not None and not targets:
-            raise ValueError(f"DemoProposer(target={self.target!r}): the agent has no trainable Demos of that name")
+            raise OptoValueError(f"DemoProposer(target={self.target!r}): the agent has no trainable Demos of that name")
         found = self._output(rollout) if targets else None
         if found is None:
             return []
@@ -291,6 +316,12 @@ class DemoProposer:
             update[param.name] = demos  # type: ignore[index]
         if not update:
             return []
-        return [Proposal(proposer=self.name, instance_id=rollout.example_id, update=update,
-                         reasoning=f"add example {rollout.example_id!r} as a demo, with {why}",
-                         extraction_method="rule")]
+        return [
+            Proposal(
+                proposer=self.name,
+                instance_id=rollout.example_id,
+                update=update,
+                reasoning=f"add example {rollout.example_id!r} as a demo, with {why}",
+                extraction_method="rule",
+            )
+        ]

@@ -10,14 +10,15 @@ thing that writes stored values.
 from __future__ import annotations
 
 import contextlib
-import copy
 import contextvars
+import copy
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from .errors import OptoError
+
+from .errors import OptoError, OptoTypeError
 
 __all__ = ["Constraint", "Demos", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
 
@@ -97,9 +98,7 @@ def _type_of(value: Any) -> type:
     for kind in SUPPORTED_TYPES:
         if isinstance(value, kind):
             return kind
-    raise ParameterError(
-        f"a Parameter holds str, int, float, bool, list or dict; got {type(value).__name__}"
-    )
+    raise ParameterError(f"a Parameter holds str, int, float, bool, list or dict; got {type(value).__name__}")
 
 
 class Parameter:
@@ -132,6 +131,11 @@ class Parameter:
             constraint = Constraint(text=constraint)
         elif callable(constraint) and not isinstance(constraint, Constraint):
             constraint = Constraint(check=constraint)
+        elif constraint is not None and not isinstance(constraint, Constraint):
+            raise OptoTypeError(
+                f"constraint is text, a Constraint or a callable returning whether a value fits, "
+                f"not {type(constraint).__name__}"
+            )
         self.constraint: Constraint | None = constraint
         self._value = self.validate(value)
 
@@ -281,7 +285,7 @@ def assign(values: Mapping[Parameter | str, Any]) -> Iterator[None]:
         if isinstance(key, Parameter):
             key.validate(value)
         elif not isinstance(key, str):
-            raise TypeError(f"assign() keys are Parameter objects or names, got {type(key).__name__}")
+            raise OptoTypeError(f"assign() keys are Parameter objects or names, got {type(key).__name__}")
     merged = dict(current_assignment())
     names = {key for key in values if isinstance(key, str)}
     if names:
@@ -328,8 +332,13 @@ class Demos(Parameter):
                 "Demos takes a list of {'input': ..., 'output': ...} dicts (or nothing, for an empty list), "
                 f"got {type(demos).__name__}"
             )
-        super().__init__([dict(d) if isinstance(d, Mapping) else d for d in demos], name=name,
-                         description=description, trainable=trainable, constraint=constraint)
+        super().__init__(
+            [dict(d) if isinstance(d, Mapping) else d for d in demos],
+            name=name,
+            description=description,
+            trainable=trainable,
+            constraint=constraint,
+        )
 
     def validate(self, value: Any) -> Any:
         """A list of at most `max_demos` dicts with exactly the keys "input" and "output"."""

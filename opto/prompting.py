@@ -16,6 +16,8 @@ from typing import Any
 
 import jinja2
 
+from .errors import MissingFileError, OptoValueError
+
 __all__ = ["PromptTemplate", "render_json"]
 
 
@@ -70,7 +72,7 @@ class PromptTemplate:
             self._user = env.from_string(_read_source(user))
             self._system = env.from_string(_read_source(system)) if system is not None else None
         except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"prompt template has a syntax error at line {exc.lineno}: {exc.message}") from exc
+            raise OptoValueError(f"prompt template has a syntax error at line {exc.lineno}: {exc.message}") from exc
 
     @classmethod
     def builtin(cls, name: str) -> PromptTemplate:
@@ -78,7 +80,7 @@ class PromptTemplate:
         folder = _builtin_dir()
         user = folder / f"{name}.user.j2"
         if not user.is_file():
-            raise FileNotFoundError(f"no built-in prompt named {name!r} in {folder}")
+            raise MissingFileError(f"no built-in prompt named {name!r} in {folder}")
         system = folder / f"{name}.system.j2"
         return cls(user, system if system.is_file() else None)
 
@@ -114,4 +116,4 @@ class PromptTemplate:
         try:
             return template.render(**context).strip()
         except jinja2.UndefinedError as exc:
-            raise ValueError(f"prompt template uses a variable that was not given: {exc.message}") from exc
+            raise OptoValueError(f"prompt template uses a variable that was not given: {exc.message}") from exc

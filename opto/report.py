@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ._io import atomic_write_text, read_jsonl
+from .errors import MissingFileError
 from .ledger import RunDir
 from .report_stages import is_stage_run, stage_report
 
@@ -58,10 +59,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         return _stages(Path(run_dir), Path(out) if out is not None else Path(run_dir))
     run = RunDir(run_dir) if Path(run_dir).is_dir() else None
     if run is None or not (run.metrics_path.exists() or run.ledger_path.exists()):
-        raise FileNotFoundError(f"{run_dir} holds no opto run (no metrics.jsonl or ledger.jsonl)")
+        raise MissingFileError(f"{run_dir} holds no opto run (no metrics.jsonl or ledger.jsonl)")
     target = Path(out) if out is not None else run.path
     if not target.is_dir():
-        raise FileNotFoundError(f"--out {target} is not a folder; create it first")
+        raise MissingFileError(f"--out {target} is not a folder; create it first")
     metrics = read_jsonl(run.metrics_path)
     steps = [m for m in metrics if not m.get("final")]
     finals = [m for m in metrics if m.get("final")]
@@ -91,24 +92,42 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None]
     if costed:
         _score_vs_cost(target / "score_vs_cost.png", costed)
-    return ReportSummary(png=str(png), markdown=str(markdown), steps=len(steps), accepted=accepted, rejected=rejected,
-                         first_test_score=tests[0][1] if tests else None,
-                         last_test_score=tests[-1][1] if tests else None, plotted_points=points, title=title,
-                         legend=legend, screened_out=screened[1], rollouts_saved=screened[2],
-                         lineage_png=str(target / "lineage.png") if lineage else None,
-                         lineage_nodes=lineage[0] if lineage else 0, lineage_edges=lineage[1] if lineage else 0,
-                         cost_png=str(target / "score_vs_cost.png") if costed else None)
+    return ReportSummary(
+        png=str(png),
+        markdown=str(markdown),
+        steps=len(steps),
+        accepted=accepted,
+        rejected=rejected,
+        first_test_score=tests[0][1] if tests else None,
+        last_test_score=tests[-1][1] if tests else None,
+        plotted_points=points,
+        title=title,
+        legend=legend,
+        screened_out=screened[1],
+        rollouts_saved=screened[2],
+        lineage_png=str(target / "lineage.png") if lineage else None,
+        lineage_nodes=lineage[0] if lineage else 0,
+        lineage_edges=lineage[1] if lineage else 0,
+        cost_png=str(target / "score_vs_cost.png") if costed else None,
+    )
 
 
 def _stages(folder: Path, target: Path) -> ReportSummary:
     if not target.is_dir():
-        raise FileNotFoundError(f"--out {target} is not a folder; create it first")
+        raise MissingFileError(f"--out {target} is not a folder; create it first")
     png, markdown, stages = stage_report(folder, target)
-    return ReportSummary(png=str(png), markdown=str(markdown), steps=len(stages), accepted=0, rejected=0,
-                         first_test_score=stages[0]["test_accuracy"] if stages else None,
-                         last_test_score=stages[-1]["test_accuracy"] if stages else None,
-                         plotted_points={"stages": len(stages)}, title=f"prompts, then weights: {folder.name}",
-                         stages=[s["stage"] for s in stages])
+    return ReportSummary(
+        png=str(png),
+        markdown=str(markdown),
+        steps=len(stages),
+        accepted=0,
+        rejected=0,
+        first_test_score=stages[0]["test_accuracy"] if stages else None,
+        last_test_score=stages[-1]["test_accuracy"] if stages else None,
+        plotted_points={"stages": len(stages)},
+        title=f"prompts, then weights: {folder.name}",
+        stages=[s["stage"] for s in stages],
+    )
 
 
 def _score_vs_cost(path: Path, pool: list[dict[str, Any]]) -> None:
@@ -156,8 +175,12 @@ def _lineage(path: Path, pool: list[dict[str, Any]], decisions: dict[int, list[d
         for parent, style in ((entry.get("parent_id"), "-"), (entry.get("merge_parent_id"), "--")):
             if parent in where:
                 px, py = where[parent]
-                ax.annotate("", xy=(x, y), xytext=(px, py),
-                            arrowprops={"arrowstyle": "->", "linestyle": style, "color": "tab:gray"})
+                ax.annotate(
+                    "",
+                    xy=(x, y),
+                    xytext=(px, py),
+                    arrowprops={"arrowstyle": "->", "linestyle": style, "color": "tab:gray"},
+                )
                 arrows += 1
         accepted = verdict.get(entry["candidate_id"])
         color = "black" if accepted is None else ("tab:green" if accepted else "tab:red")
@@ -198,8 +221,13 @@ def _decisions_by_step(ledger: list[dict[str, Any]]) -> dict[int, list[dict[str,
     return found
 
 
-def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
-          title: str, intervals: dict[int, list[float]]) -> tuple[dict[str, int], list[str]]:
+def _plot(
+    path: Path,
+    steps: list[dict[str, Any]],
+    tests: list[tuple[int, float]],
+    title: str,
+    intervals: dict[int, list[float]],
+) -> tuple[dict[str, int], list[str]]:
     """Draw the learning curve; returns the points of each series and the legend's labels."""
     import matplotlib
 
@@ -218,13 +246,22 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
         points["test"] = len(tests)
         bars = [(s, v, intervals[s]) for s, v in tests if s in intervals]
         if bars:  # the 95% interval of each test score
-            ax.errorbar([s for s, _, _ in bars], [v for _, v, _ in bars],
-                        yerr=[[v - i[0] for _, v, i in bars], [i[1] - v for _, v, i in bars]],
-                        fmt="none", ecolor="tab:green", capsize=4, label="test score 95% interval")
+            ax.errorbar(
+                [s for s, _, _ in bars],
+                [v for _, v, _ in bars],
+                yerr=[[v - i[0] for _, v, i in bars], [i[1] - v for _, v, i in bars]],
+                fmt="none",
+                ecolor="tab:green",
+                capsize=4,
+                label="test score 95% interval",
+            )
             points["test_intervals"] = len(bars)
     for outcome, marker, color, label in ((True, "^", "tab:green", "accepted"), (False, "x", "tab:red", "rejected")):
-        marked = [(m["step"], m.get("candidate_score") if m.get("candidate_score") is not None else m.get("score"))
-                  for m in steps if m.get("accepted") is outcome]
+        marked = [
+            (m["step"], m.get("candidate_score") if m.get("candidate_score") is not None else m.get("score"))
+            for m in steps
+            if m.get("accepted") is outcome
+        ]
         marked = [(s, v) for s, v in marked if v is not None]
         if marked:
             ax.scatter(*zip(*marked), marker=marker, s=80, color=color, label=f"{label} (candidate score)", zorder=3)
@@ -251,23 +288,36 @@ def _plot(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]
     return points, labels
 
 
-def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, float]],
-              decisions: dict[int, list[dict[str, Any]]], checkpoint: dict[str, Any],
-              ledger: list[dict[str, Any]], intervals: dict[int, list[float]],
-              screening: tuple[int, int, int]) -> str:
+def _markdown(
+    path: Path,
+    steps: list[dict[str, Any]],
+    tests: list[tuple[int, float]],
+    decisions: dict[int, list[dict[str, Any]]],
+    checkpoint: dict[str, Any],
+    ledger: list[dict[str, Any]],
+    intervals: dict[int, list[float]],
+    screening: tuple[int, int, int],
+) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
     lines += [f"{len(steps)} steps, {state}.", ""]
     if tests:
-        shown = [f"step {s}: {v:.3f}" + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
-                 for s, v in tests]
+        shown = [
+            f"step {s}: {v:.3f}" + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
+            for s, v in tests
+        ]
         lines += ["Test scores (95% intervals in brackets): " + ", ".join(shown), ""]
     screened, out, saved = screening
     if screened:
-        lines += [f"Minibatch-first: {out} of {screened} candidates lost on their batch and were not validated on "
-                  f"the dataset, saving {saved} validation rollouts.", ""]
-    lines += ["| step | score | decision | reason | candidate score | calls | tokens | cost (USD) |",
-              "|---:|---:|---|---|---:|---:|---:|---:|"]
+        lines += [
+            f"Minibatch-first: {out} of {screened} candidates lost on their batch and were not validated on "
+            f"the dataset, saving {saved} validation rollouts.",
+            "",
+        ]
+    lines += [
+        "| step | score | decision | reason | candidate score | calls | tokens | cost (USD) |",
+        "|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
     previous: dict[str, Any] = {"calls": 0, "tokens": 0, "cost_usd": 0.0}
     for m in steps:
         decision = {True: "accepted", False: "rejected", None: "no candidate"}[m.get("accepted")]
@@ -276,7 +326,8 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
         lines.append(
             f"| {m['step']} | {_num(m.get('score'))} | {decision} | {reason} | {_num(m.get('candidate_score'))} | "
             f"{(m.get('calls') or 0) - previous['calls']} | {(m.get('tokens') or 0) - previous['tokens']} | "
-            f"{(m.get('cost_usd') or 0.0) - previous['cost_usd']:.4f} |")
+            f"{(m.get('cost_usd') or 0.0) - previous['cost_usd']:.4f} |"
+        )
         previous = {key: m.get(key) or 0 for key in previous}
     lines += ["", "## Parameter values", ""]
     start = checkpoint.get("initial_parameters") or {}
@@ -284,8 +335,12 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
     lines += ["**At the start**", "", _values(start) if start else "(not recorded by this version)", ""]
     best = checkpoint.get("best")
     if best:
-        lines += [f"**At the best validation score** ({best['score']:.3f}, step {best['step']})", "",
-                  _values(best["parameters"]), ""]
+        lines += [
+            f"**At the best validation score** ({best['score']:.3f}, step {best['step']})",
+            "",
+            _values(best["parameters"]),
+            "",
+        ]
     lines += ["**At the end**", "", _values(end) if end else "(no checkpoint yet)", ""]
     applied = [r for r in ledger if r.get("type") == "applied"]
     if applied:
@@ -304,8 +359,9 @@ def _markdown(path: Path, steps: list[dict[str, Any]], tests: list[tuple[int, fl
 def _diff(name: str, old: Any, new: Any) -> list[str]:
     old_text = old if isinstance(old, str) else json.dumps(old, indent=1, ensure_ascii=False)
     new_text = new if isinstance(new, str) else json.dumps(new, indent=1, ensure_ascii=False)
-    diff = difflib.unified_diff((old_text or "").splitlines(), new_text.splitlines(), f"{name} before",
-                                f"{name} after", lineterm="")
+    diff = difflib.unified_diff(
+        (old_text or "").splitlines(), new_text.splitlines(), f"{name} before", f"{name} after", lineterm=""
+    )
     return ["```diff", *diff, "```"]
 
 

@@ -24,8 +24,11 @@ def is_stage_run(folder: Path) -> bool:
 
 def stage_report(folder: Path, target: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Write report.png and report.md for the stages in `folder`; returns them and the stages."""
-    stages = [m for m in read_jsonl(folder / "metrics.jsonl") if isinstance(m, dict) and m.get("stage")] \
-        if (folder / "metrics.jsonl").exists() else []
+    stages = (
+        [m for m in read_jsonl(folder / "metrics.jsonl") if isinstance(m, dict) and m.get("stage")]
+        if (folder / "metrics.jsonl").exists()
+        else []
+    )
     png, markdown = target / "report.png", target / "report.md"
     _plot(png, stages, f"prompts, then weights: {folder.resolve().name}")
     atomic_write_text(markdown, _markdown(folder, stages))
@@ -50,14 +53,18 @@ def _plot(path: Path, stages: list[dict[str, Any]], title: str) -> None:
     high = [100 * s["test_interval"][1] - a for a, s in zip(accuracy, stages)]
     positions = range(len(stages))
     ax.bar(positions, accuracy, width=0.6, color="tab:green", label="test accuracy")
-    ax.errorbar(positions, accuracy, yerr=[low, high], fmt="none", ecolor="black", capsize=5,
-                label="95% interval")
+    ax.errorbar(positions, accuracy, yerr=[low, high], fmt="none", ecolor="black", capsize=5, label="95% interval")
     ax.set_ylim(0, 100)
     ax.set_ylabel("test accuracy (%)")
     ax.set_xticks(list(positions), names)
     tokens = ax.twinx()
-    tokens.plot(list(positions), [s["prompt_tokens_per_call"] for s in stages], "o:", color="tab:gray",
-                label="prompt tokens per call (right axis)")
+    tokens.plot(
+        list(positions),
+        [s["prompt_tokens_per_call"] for s in stages],
+        "o:",
+        color="tab:gray",
+        label="prompt tokens per call (right axis)",
+    )
     tokens.set_ylabel("prompt tokens per call")
     tokens.set_ylim(bottom=0)
     handles, labels = ax.get_legend_handles_labels()
@@ -70,20 +77,30 @@ def _plot(path: Path, stages: list[dict[str, Any]], title: str) -> None:
 
 
 def _markdown(folder: Path, stages: list[dict[str, Any]]) -> str:
-    lines = [f"# Prompts, then weights: {folder}", "",
-             "| stage | test accuracy | 95% interval | prompt tokens / call | calls | seconds | model |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Prompts, then weights: {folder}",
+        "",
+        "| stage | test accuracy | 95% interval | prompt tokens / call | calls | seconds | model |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for s in stages:
         low, high = s["test_interval"]
-        lines.append(f"| {s['stage']} | {100 * s['test_accuracy']:.1f}% | [{100 * low:.1f}, {100 * high:.1f}] | "
-                     f"{s['prompt_tokens_per_call']:.1f} | {s['calls']} | {s['seconds']:.1f} | {s['model']} |")
+        lines.append(
+            f"| {s['stage']} | {100 * s['test_accuracy']:.1f}% | [{100 * low:.1f}, {100 * high:.1f}] | "
+            f"{s['prompt_tokens_per_call']:.1f} | {s['calls']} | {s['seconds']:.1f} | {s['model']} |"
+        )
     if not stages:
         lines.append("| (no stage finished yet) | | | | | | |")
     for s in stages:
         values = s.get("parameters") or {}
         demos = values.get("demos") or []
-        lines += ["", f"## {s['stage']}", "", f"- system prompt: {values.get('system_prompt')!r}",
-                  "- demos: " + (", ".join(f"{d.get('input')!r} -> {d.get('output')!r}" for d in demos) or "none")]
+        lines += [
+            "",
+            f"## {s['stage']}",
+            "",
+            f"- system prompt: {values.get('system_prompt')!r}",
+            "- demos: " + (", ".join(f"{d.get('input')!r} -> {d.get('output')!r}" for d in demos) or "none"),
+        ]
         if s.get("train_records"):
             lines.append(f"- trained on {s['train_records']} records")
     return "\n".join(lines) + "\n"

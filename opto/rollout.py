@@ -16,13 +16,24 @@ from ._async import gather_all
 from ._io import json_key
 from .agent import Agent
 from .data import Example
+from .errors import OptoValueError
 from .guides import Guide
 from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .llm.usage import meter_usage, run_budgets
 from .parameters import Parameter, assign, track_reads
 
-__all__ = ["AsyncioExecutor", "Rollout", "RolloutExecutor", "RolloutFields", "mean_score", "run_rollout", "run_rollouts", "timeout_fields", "values_digest"]
+__all__ = [
+    "AsyncioExecutor",
+    "Rollout",
+    "RolloutExecutor",
+    "RolloutFields",
+    "mean_score",
+    "run_rollout",
+    "run_rollouts",
+    "timeout_fields",
+    "values_digest",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +121,15 @@ async def run_rollout(
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
     used = meter.total
-    return Rollout(**base, **fields, trace=list(trace), parameters_read=sorted(reads), tokens=used.total_tokens,
-                   cost_usd=used.cost_usd, seconds=round(time.perf_counter() - started, 6))
+    return Rollout(
+        **base,
+        **fields,
+        trace=list(trace),
+        parameters_read=sorted(reads),
+        tokens=used.total_tokens,
+        cost_usd=used.cost_usd,
+        seconds=round(time.perf_counter() - started, 6),
+    )
 
 
 def timeout_fields(timeout: float, min_score: float | None) -> dict[str, Any]:
@@ -143,8 +161,12 @@ async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_sc
     except Exception as exc:
         logger.debug("guide failed on %s: %r", example.id, exc)
         problem = describe_error(exc)
-        return {"output": output, "score": min_score, "feedback": f"The guide raised {problem}",
-                "error": f"guide: {problem}"}
+        return {
+            "output": output,
+            "score": min_score,
+            "feedback": f"The guide raised {problem}",
+            "error": f"guide: {problem}",
+        }
     return {"output": output, "score": feedback.score, "feedback": feedback.feedback}
 
 
@@ -162,7 +184,7 @@ async def run_rollouts(
     """`run_rollout` on every example, at most `concurrency` at once, in input order;
     `on_result` is called with each rollout as it finishes (e.g. for a progress bar)."""
     if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
     gate = asyncio.Semaphore(concurrency)
 
     async def one(example: Example) -> Rollout:
@@ -207,7 +229,7 @@ class AsyncioExecutor:
 
     def __init__(self, concurrency: int = 16, timeout: float | None = None) -> None:
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
         self.concurrency = concurrency
         self.timeout = timeout
 
@@ -222,6 +244,13 @@ class AsyncioExecutor:
         timeout: float | None = None,
         on_result: Callable[[Rollout], None] | None = None,
     ) -> list[Rollout]:
-        return await run_rollouts(agent, guide, examples, values=values, min_score=min_score,
-                                  concurrency=self.concurrency, timeout=timeout if timeout is not None else self.timeout,
-                                  on_result=on_result)
+        return await run_rollouts(
+            agent,
+            guide,
+            examples,
+            values=values,
+            min_score=min_score,
+            concurrency=self.concurrency,
+            timeout=timeout if timeout is not None else self.timeout,
+            on_result=on_result,
+        )

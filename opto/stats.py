@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
+from .errors import OptoValueError
+
 __all__ = ["Interval", "PairedTest", "holm", "is_binary", "paired_change", "paired_test", "score_interval"]
 
 _Z95 = 1.959963984540054
@@ -73,6 +75,8 @@ def score_interval(scores: Sequence[float | None], seed: int = 0) -> Interval | 
 def paired_change(before: Sequence[float | None], after: Sequence[float | None]) -> PairedTest | None:
     """`paired_test` over the examples judged both times (None marks an unjudged score), or
     None when there is no such example: the change with its paired 95% interval."""
+    if len(before) != len(after):
+        raise OptoValueError(f"paired_change needs scores of the same examples, got {len(before)} and {len(after)}")
     pairs = [(a, b) for a, b in zip(before, after) if a is not None and b is not None]
     return paired_test([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
 
@@ -80,22 +84,37 @@ def paired_change(before: Sequence[float | None], after: Sequence[float | None])
 def paired_test(current: Sequence[float], candidate: Sequence[float], seed: int = 0) -> PairedTest:
     """One-sided test of "candidate <= current" on paired per-example scores."""
     if len(current) != len(candidate) or not current:
-        raise ValueError(f"a paired test needs scores of the same examples, got {len(current)} and {len(candidate)}")
+        raise OptoValueError(
+            f"a paired test needs scores of the same examples, got {len(current)} and {len(candidate)}"
+        )
     a, b = np.asarray(current, dtype=float), np.asarray(candidate, dtype=float)
     difference = b - a
     means = _bootstrap_means(difference, seed)
-    interval = Interval(low=float(np.percentile(means, 2.5)), high=float(np.percentile(means, 97.5)),
-                        method="paired bootstrap")
+    interval = Interval(
+        low=float(np.percentile(means, 2.5)), high=float(np.percentile(means, 97.5)), method="paired bootstrap"
+    )
     if is_binary(list(a)) and is_binary(list(b)):
         wins, losses = int(np.sum(difference > 0)), int(np.sum(difference < 0))
         p = _sign_test_p(wins, wins + losses)
-        return PairedTest(test="exact sign test (McNemar)", statistic=float(wins), p_value=p,
-                          difference=float(difference.mean()), interval=interval, n=len(a))
+        return PairedTest(
+            test="exact sign test (McNemar)",
+            statistic=float(wins),
+            p_value=p,
+            difference=float(difference.mean()),
+            interval=interval,
+            n=len(a),
+        )
     # Bootstrap under the null: the differences re-centred on zero.
     centred = _bootstrap_means(difference - difference.mean(), seed + 1)
     p = float((np.sum(centred >= difference.mean()) + 1) / (len(centred) + 1))
-    return PairedTest(test="paired bootstrap", statistic=float(difference.mean()), p_value=p,
-                      difference=float(difference.mean()), interval=interval, n=len(a))
+    return PairedTest(
+        test="paired bootstrap",
+        statistic=float(difference.mean()),
+        p_value=p,
+        difference=float(difference.mean()),
+        interval=interval,
+        n=len(a),
+    )
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:

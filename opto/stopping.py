@@ -1,7 +1,27 @@
 """Moved to `opto.search.stopping`; this path keeps working."""
 
-from .search.stopping import (AllOf, AnyOf, MaxCalls, MaxCost, MaxTime, NoImprovement, RunProgress, StopCondition,
-                              StopFile, TargetScore)
+from .search.stopping import (
+    AllOf,
+    AnyOf,
+    MaxCalls,
+    MaxCost,
+    MaxTime,
+    NoImprovement,
+    RunProgress,
+    StopCondition,
+    StopFile,
+    TargetScore,
+)
 
-__all__ = ["AllOf", "AnyOf", "MaxCalls", "MaxCost", "MaxTime", "NoImprovement", "RunProgress", "StopCondition",
-           "StopFile", "TargetScore"]
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "MaxCalls",
+    "MaxCost",
+    "MaxTime",
+    "NoImprovement",
+    "RunProgress",
+    "StopCondition",
+    "StopFile",
+    "TargetScore",
+]

@@ -68,5 +68,5 @@ def reasoning_of(text: str) -> str:
             value = json.loads(quoted)
         except json.JSONDecodeError:
             value = quoted.strip('"')
-        parts.append(value if key == "reasoning" else f"{key[len('reasoning_'):]}: {value}")
+        parts.append(value if key == "reasoning" else f"{key[len('reasoning_') :]}: {value}")
     return "\n".join(parts)

@@ -10,6 +10,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from .callbacks import Callback
+from .errors import MissingDependencyError
 from .report import write_report
 
 if TYPE_CHECKING:
@@ -35,12 +36,19 @@ class MLflowCallback(Callback):
         report: also log `report.png` and `report.md`.
     """
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "opto", run_name: str | None = None,
-                 report: bool = True) -> None:
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "opto",
+        run_name: str | None = None,
+        report: bool = True,
+    ) -> None:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
-            raise ImportError('MLflowCallback needs MLflow: pip install -e ".[mlflow]" (or mlflow-skinny)') from exc
+            raise MissingDependencyError(
+                'MLflowCallback needs MLflow: pip install -e ".[mlflow]" (or mlflow-skinny)'
+            ) from exc
         self.client = MlflowClient(tracking_uri)
         self.experiment = experiment
         self.run_name = run_name
@@ -59,8 +67,11 @@ class MLflowCallback(Callback):
             self.client.log_param(self.run_id, key, str(value)[:500])
 
     def on_step_end(self, record: StepRecord) -> None:
-        metrics = {"score": record.score, "candidate_score": record.candidate_score,
-                   "accepted": None if record.accepted is None else float(record.accepted)}
+        metrics = {
+            "score": record.score,
+            "candidate_score": record.candidate_score,
+            "accepted": None if record.accepted is None else float(record.accepted),
+        }
         for key, value in metrics.items():
             if value is not None and self.run_id:
                 self.client.log_metric(self.run_id, key, float(value), step=record.step)
@@ -73,8 +84,13 @@ class MLflowCallback(Callback):
         if not self.run_id:
             return
         usage = result.usage
-        for key, value in {"calls": usage.calls, "tokens": usage.total_tokens, "cost_usd": usage.cost_usd,
-                           "accepted_steps": result.accepted, "rejected_steps": result.rejected}.items():
+        for key, value in {
+            "calls": usage.calls,
+            "tokens": usage.total_tokens,
+            "cost_usd": usage.cost_usd,
+            "accepted_steps": result.accepted,
+            "rejected_steps": result.rejected,
+        }.items():
             self.client.log_metric(self.run_id, key, float(value), step=result.steps)
         self.client.log_dict(self.run_id, result.final_parameters, "final_parameters.json")
         if self.report and result.run_dir:

@@ -41,7 +41,7 @@ from .collect import acollect
 from .data import Example
 from .datasets import bigbench
 from .demo import DEMO_TASK, FewShotAgent, demo_trainer
-from .errors import RunDirError
+from .errors import OptoValueError, RunDirError
 from .finetune.base import FineTuneError, TrainingJobStatus
 from .finetune.switch import apply_recorded_switches, recorded_switches, switch_model
 from .guides import ExactMatchGuide
@@ -144,21 +144,36 @@ async def aprompts_then_weights(
         run_dir: the run directory of the whole chain.
         method: "sft", "dpo" or "grpo".
         again: optimize the prompt once more with the tuned model.
-        task, seed, train_n, validation_n, test_n: as for `opto demo`.
+        task: the shipped BIG-bench task, as for `opto demo --task`.
+        seed: the split and shuffle seed.
+        train_n: training examples of the prompt stages.
+        validation_n: validation examples of the prompt stages.
+        test_n: held-out test examples every stage is measured on.
         collect_n: training examples the optimized agent answers for the training data.
-        samples, temperature: answers per example, and their sampling temperature.
+        samples: answers per collected example.
+        temperature: their sampling temperature.
         base_folder: the Hugging Face folder of `model`'s weights, to fine-tune (default:
             the embedded model's, converted once, `embedded_model_folder()`).
         finetune: `TRLAdapter` settings over `FINETUNE_DEFAULTS` (e.g. `{"max_steps": 4}`).
         resume: continue the chain in `run_dir` (the same settings) from its stage.
     """
     if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise OptoValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     started = time.monotonic()
     run = Path(run_dir)
-    settings = {"method": method, "again": again, "task": task, "seed": seed, "train_n": train_n,
-                "validation_n": validation_n, "test_n": test_n, "collect_n": collect_n, "samples": samples,
-                "temperature": temperature, "finetune": dict(finetune or {})}
+    settings = {
+        "method": method,
+        "again": again,
+        "task": task,
+        "seed": seed,
+        "train_n": train_n,
+        "validation_n": validation_n,
+        "test_n": test_n,
+        "collect_n": collect_n,
+        "samples": samples,
+        "temperature": temperature,
+        "finetune": dict(finetune or {}),
+    }
     done = _start(run, settings, resume)
     stages: list[Stage] = ["zero-shot", "prompt", method, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
     owned = model is None
@@ -188,8 +203,15 @@ async def aprompts_then_weights(
 class _Chain:
     """The stages, each given the results of the ones before it."""
 
-    def __init__(self, run: Path, model: Model, settings: dict[str, Any], test: list[Example],
-                 base_folder: str | Path | None, progress: bool):
+    def __init__(
+        self,
+        run: Path,
+        model: Model,
+        settings: dict[str, Any],
+        test: list[Example],
+        base_folder: str | Path | None,
+        progress: bool,
+    ):
         self.folder, self.model, self.settings, self.test, self.progress = run, model, settings, test, progress
         self.base_folder = base_folder
         self.guide = ExactMatchGuide()
@@ -210,9 +232,15 @@ class _Chain:
     async def _optimize(self, agent: FewShotAgent, folder: Path) -> FewShotAgent:
         s = self.settings
         trainer = demo_trainer(agent, self.model, task=s["task"], validation_n=s["validation_n"], seed=s["seed"])
-        await trainer.atrain(self.guide, bigbench(s["task"], split="train", n=s["train_n"], seed=s["seed"]),
-                             batch_size=4, run_dir=folder, resume=(folder / "checkpoint.json").exists(),
-                             seed=s["seed"], progress=self.progress)
+        await trainer.atrain(
+            self.guide,
+            bigbench(s["task"], split="train", n=s["train_n"], seed=s["seed"]),
+            batch_size=4,
+            run_dir=folder,
+            resume=(folder / "checkpoint.json").exists(),
+            seed=s["seed"],
+            progress=self.progress,
+        )
         return agent
 
     async def _finetune(self, method: str, prompted: dict[str, Any]) -> StageResult:
@@ -236,9 +264,17 @@ class _Chain:
             return out
         examples = bigbench(s["task"], split="train", n=s["collect_n"], seed=s["seed"])
         folder = self.folder / "collect"
-        await acollect(agent, self.guide, examples, samples=s["samples"], temperature=s["temperature"],
-                       seed=s["seed"], run_dir=folder, resume=(folder / "collect.json").exists(),
-                       progress=self.progress)
+        await acollect(
+            agent,
+            self.guide,
+            examples,
+            samples=s["samples"],
+            temperature=s["temperature"],
+            seed=s["seed"],
+            run_dir=folder,
+            resume=(folder / "collect.json").exists(),
+            progress=self.progress,
+        )
         answers: dict[str, list[tuple[str, float]]] = {}
         for record in RunDir(folder).ledger():
             if record.get("type") == "rollout" and record.get("output") is not None:
@@ -246,12 +282,18 @@ class _Chain:
                 answers.setdefault(record["instance_id"], []).append(reply)
         own = await self._own_replies(agent, examples) if method == "dpo" else {}
         questions = {e.id: e.x for e in examples}
-        rows = [row for example_id, replies in answers.items()
-                for row in _records(method, agent.messages(questions[example_id], demos=False), replies,
-                                    own.get(example_id))]
+        rows = [
+            row
+            for example_id, replies in answers.items()
+            for row in _records(
+                method, agent.messages(questions[example_id], demos=False), replies, own.get(example_id)
+            )
+        ]
         if not rows:
-            raise FineTuneError(f"the optimized agent gave no usable {method} data on {len(examples)} training "
-                                f"examples (see {folder}); collect more examples or samples")
+            raise FineTuneError(
+                f"the optimized agent gave no usable {method} data on {len(examples)} training "
+                f"examples (see {folder}); collect more examples or samples"
+            )
         atomic_write_jsonl(out, rows)
         return out
 
@@ -264,8 +306,11 @@ class _Chain:
         untuned = FewShotAgent(self.model)
         untuned.apply({**agent.stored_values(), "demos": []})
         result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
-        own = {e.id: (str(output), score or 0.0) for e, output, score in zip(examples, result.outputs, result.scores)
-               if output is not None}
+        own = {
+            e.id: (str(output), score or 0.0)
+            for e, output, score in zip(examples, result.outputs, result.scores)
+            if output is not None
+        }
         atomic_write_json(path, {k: list(v) for k, v in own.items()})
         return own
 
@@ -274,10 +319,15 @@ class _Chain:
         from .finetune.trl_adapter import TRLAdapter
         from .llm.transformers_model import embedded_model_folder
 
-        options = {**FINETUNE_DEFAULTS, **_METHOD_DEFAULTS[method], "seed": self.settings["seed"],
-                   **self.settings["finetune"]}
-        adapter = TRLAdapter(self.base_folder or embedded_model_folder(), output_dir=self.folder / "finetune",
-                             method=method, **options)
+        options = {
+            **FINETUNE_DEFAULTS,
+            **_METHOD_DEFAULTS[method],
+            "seed": self.settings["seed"],
+            **self.settings["finetune"],
+        }
+        adapter = TRLAdapter(
+            self.base_folder or embedded_model_folder(), output_dir=self.folder / "finetune", method=method, **options
+        )
         job = self.folder / _JOB
         if job.exists():
             status = await adapter.status(str(read_json_object(job).get("job_id")))
@@ -286,14 +336,17 @@ class _Chain:
                 status = await adapter.wait_until_complete(status.job_id, poll_interval=2)
             if status.succeeded:
                 return status
-            logger.warning("fine-tuning job %s %s (%s); submitting it again", status.job_id, status.status,
-                           status.message)
+            logger.warning(
+                "fine-tuning job %s %s (%s); submitting it again", status.job_id, status.status, status.message
+            )
         ref = await adapter.submit(records)
         atomic_write_json(job, {"job_id": ref.job_id})
         status = await adapter.wait_until_complete(ref, poll_interval=2)
         if not status.succeeded:
-            raise FineTuneError(f"fine-tuning job {ref.job_id} {status.status}: {status.message} (log: "
-                                f"{self.folder / 'finetune' / ref.job_id / 'train.log'}); resume=True submits it again")
+            raise FineTuneError(
+                f"fine-tuning job {ref.job_id} {status.status}: {status.message} (log: "
+                f"{self.folder / 'finetune' / ref.job_id / 'train.log'}); resume=True submits it again"
+            )
         return status
 
     def _tuned_agent(self) -> FewShotAgent:
@@ -308,15 +361,22 @@ class _Chain:
             result = await aevaluate(agent, self.guide, self.test, concurrency=16, progress=self.progress)
         usage = sum(meter.by_model.values(), UsageStats())
         interval = result.interval
-        return StageResult(stage=stage, test_accuracy=result.mean or 0.0,
-                           test_interval=(interval.low, interval.high) if interval else (0.0, 0.0),
-                           prompt_tokens_per_call=round(usage.prompt_tokens / max(usage.calls, 1), 1), calls=0,
-                           seconds=0.0, model=agent.model.name, parameters=agent.stored_values(),
-                           scores=result.scores)
+        return StageResult(
+            stage=stage,
+            test_accuracy=result.mean or 0.0,
+            test_interval=(interval.low, interval.high) if interval else (0.0, 0.0),
+            prompt_tokens_per_call=round(usage.prompt_tokens / max(usage.calls, 1), 1),
+            calls=0,
+            seconds=0.0,
+            model=agent.model.name,
+            parameters=agent.stored_values(),
+            scores=result.scores,
+        )
 
 
-def _records(method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]],
-             own: tuple[str, float] | None = None) -> list[dict[str, Any]]:
+def _records(
+    method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]], own: tuple[str, float] | None = None
+) -> list[dict[str, Any]]:
     """One example's training records: the first correct reply (sft); a correct reply over
     the model's `own` zero-shot reply when that is wrong, else over a wrong sample (dpo);
     or the whole judged group (grpo)."""
@@ -327,12 +387,31 @@ def _records(method: str, prompt: list[dict[str, str]], replies: list[tuple[str,
     if method == "sft":
         return [{"messages": [*prompt, {"role": "assistant", "content": right[0]}]}] if right else []
     if method == "dpo":
-        return [{"prompt": prompt, "chosen": [{"role": "assistant", "content": right[0]}],
-                 "rejected": [{"role": "assistant", "content": wrong[0]}]}] if right and wrong else []
-    return [{"trajectories": [
-        {"messages_and_choices": [*prompt, {"finish_reason": "stop", "index": 0,
-                                            "message": {"role": "assistant", "content": text}}],
-         "reward": score} for text, score in replies]}]
+        return (
+            [
+                {
+                    "prompt": prompt,
+                    "chosen": [{"role": "assistant", "content": right[0]}],
+                    "rejected": [{"role": "assistant", "content": wrong[0]}],
+                }
+            ]
+            if right and wrong
+            else []
+        )
+    return [
+        {
+            "trajectories": [
+                {
+                    "messages_and_choices": [
+                        *prompt,
+                        {"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": text}},
+                    ],
+                    "reward": score,
+                }
+                for text, score in replies
+            ]
+        }
+    ]
 
 
 def _start(run: Path, settings: dict[str, Any], resume: bool) -> dict[str, StageResult]:
@@ -345,20 +424,31 @@ def _start(run: Path, settings: dict[str, Any], resume: bool) -> dict[str, Stage
         atomic_write_json(path, settings)
         return {}
     if not resume:
-        raise RunDirError(f"{run} already holds a prompts-then-weights run; pass resume=True (--resume) to continue "
-                          "it, or choose another run_dir")
+        raise RunDirError(
+            f"{run} already holds a prompts-then-weights run; pass resume=True (--resume) to continue "
+            "it, or choose another run_dir"
+        )
     saved = read_json_object(path)
     changed = [k for k in settings if saved.get(k) != settings[k]]
     if changed:
-        raise RunDirError(f"cannot resume {run}: it was started with "
-                          + ", ".join(f"{k}={saved.get(k)!r}" for k in changed) + "; this call has "
-                          + ", ".join(f"{k}={settings[k]!r}" for k in changed))
+        raise RunDirError(
+            f"cannot resume {run}: it was started with "
+            + ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
+            + "; this call has "
+            + ", ".join(f"{k}={settings[k]!r}" for k in changed)
+        )
     return {r["stage"]: StageResult.model_validate(r) for r in read_jsonl(run / "metrics.jsonl")}
 
 
 def _report(settings: dict[str, Any], run: Path, stages: list[StageResult], seconds: float) -> WeightsReport:
-    report = WeightsReport(task=settings["task"], seed=settings["seed"], method=settings["method"], run_dir=str(run),
-                           stages=stages, seconds=round(seconds, 1))
+    report = WeightsReport(
+        task=settings["task"],
+        seed=settings["seed"],
+        method=settings["method"],
+        run_dir=str(run),
+        stages=stages,
+        seconds=round(seconds, 1),
+    )
     prompt, last = report.stage("prompt"), stages[-1]
     change = paired_change(prompt.scores, last.scores) if prompt is not None and last is not prompt else None
     if change is not None:

@@ -21,7 +21,16 @@ from typing import Any
 import pytest
 
 import opto.llm.remote as remote_module
+from opto.errors import OptoError
 from opto.llm import (
+    AuthenticationError,
+    BadRequestError,
+    ContextWindowExceededError,
+    LLMTimeoutError,
+    ModelNotFoundError,
+    QuotaExceededError,
+    RateLimitError,
+    ServerError,
     Budget,
     BudgetExceeded,
     LLMRequestError,
@@ -159,23 +168,27 @@ async def test_retries_exhausted_raise_unavailable_with_attempts(server, make_mo
     server.fail_next(3, status=503)
     model = make_model(max_retries=2)
 
-    with pytest.raises(LLMUnavailableError, match="503") as info:
+    with pytest.raises(ServerError, match="503") as info:
         await model.complete(MSG)
 
-    assert info.value.attempts == 3
+    assert info.value.attempts == 3 and info.value.status_code == 503
     assert len(server.chat_requests) == 3
     assert backoff_calls == [0, 1]  # exponential backoff between attempts, growing
     assert model.usage.calls == 0
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 422])
-async def test_client_errors_are_not_retried(server, make_model, backoff_calls, status) -> None:
+@pytest.mark.parametrize(("status", "cause"), [(400, BadRequestError), (401, AuthenticationError),
+                                               (403, AuthenticationError), (404, ModelNotFoundError),
+                                               (422, BadRequestError)])
+async def test_client_errors_are_not_retried(server, make_model, backoff_calls, status, cause) -> None:
     server.fail_next(1, status=status)
 
     with pytest.raises(LLMRequestError) as info:
         await make_model(max_retries=3).complete(MSG)
 
+    assert type(info.value) is cause and isinstance(info.value, OptoError)
     assert info.value.status_code == status
+    assert info.value.model.endswith("gpt-test") and info.value.request_id == "req_fake_1"
     assert len(server.chat_requests) == 1
     assert backoff_calls == []
 
@@ -195,8 +208,9 @@ async def test_400_about_something_else_keeps_response_format(server, make_model
     )
     model = make_model()
 
-    with pytest.raises(LLMRequestError, match="maximum context length"):
+    with pytest.raises(ContextWindowExceededError, match="maximum context length") as info:
         await model.complete(MSG, response_format=JSON_MODE)
+    assert isinstance(info.value, ValueError) and info.value.status_code == 400
     assert len(server.chat_requests) == 1
 
     await model.complete(MSG, response_format=JSON_MODE)
@@ -218,10 +232,10 @@ async def test_timeout_is_retried(server, make_model) -> None:
 async def test_timeouts_on_every_attempt_raise_unavailable(server, make_model) -> None:
     server.hang_next(2, seconds=5)
 
-    with pytest.raises(LLMUnavailableError, match="Timeout") as info:
+    with pytest.raises(LLMTimeoutError, match="Timeout") as info:
         await make_model(timeout=0.3, max_retries=1).complete(MSG)
 
-    assert info.value.attempts == 2
+    assert info.value.attempts == 2 and isinstance(info.value, TimeoutError)
     assert len(server.chat_requests) == 2
 
 
@@ -588,8 +602,9 @@ async def test_a_rate_limited_server_loses_no_request() -> None:
 
 async def test_with_no_patience_429s_count_against_max_retries(server, make_model, backoff_calls) -> None:
     server.fail_next(3, status=429, retry_after=0.01)
-    with pytest.raises(LLMUnavailableError, match="gave up after 3 attempts"):
+    with pytest.raises(RateLimitError, match="gave up after 3 attempts") as info:
         await make_model(max_retries=2, rate_limit_patience=0).complete(MSG)
+    assert info.value.status_code == 429 and info.value.retry_after == pytest.approx(0.01)
 
 
 def test_retry_after_gets_jitter_on_top() -> None:
@@ -673,7 +688,7 @@ async def test_a_used_up_quota_is_not_retried(server, make_model, backoff_calls)
     body = {"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota",
                       "code": "insufficient_quota", "param": None}}
     server.fail_next(1, status=429, body=body)
-    with pytest.raises(LLMRequestError, match="exceeded your current quota"):
+    with pytest.raises(QuotaExceededError, match="exceeded your current quota"):
         await make_model(max_retries=3).complete(MSG)
     assert len(server.chat_requests) == 1
 

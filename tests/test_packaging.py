@@ -34,9 +34,16 @@ def test_version_names_another_package_that_installs_opto(tmp_path: Path, monkey
     info = tmp_path / "trace_opt-0.2.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trace-opt\nVersion: 0.2.0\n")
-    (info / "RECORD").write_text("opto/__init__.py,,\nopto/trace/nodes.py,,\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert other_distributions() == ["trace-opt"]
+    (info / "RECORD").write_text(
+        "opto/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n"
+        "opto/trace/nodes.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n"
+        "trace_opt-0.2.0.dist-info/RECORD,,\n"
+    )
+    for file in ("opto/__init__.py", "opto/trace/nodes.py"):  # some readers skip files not on disk
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text("")
+    assert other_distributions([str(tmp_path)]) == ["trace-opt"]
+    monkeypatch.syspath_prepend(str(tmp_path))  # as if installed: `opto --version` warns
     text = version_text()
     assert "warning: trace-opt 0.2.0 is also installed" in text
     assert "pip uninstall trace-opt" in text

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import random
-import re
 import signal
 import sys
 import time
@@ -172,10 +171,3 @@ def test_asyncio_and_ray_agree_on_a_plain_evaluation():
     got = asyncio.run(executor.run(agent, ExactMatchGuide(), data))
     executor.close()
     assert timeless(got) == timeless(expected)
-
-
-def test_the_readme_cluster_example_runs_as_written(capsys):
-    section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("### Run on a cluster", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "0.0 1.0"

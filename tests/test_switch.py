@@ -39,6 +39,24 @@ def test_a_name_switch_copies_the_model_so_a_shared_one_keeps_its_name(tmp_path:
     assert "api_key" not in (tmp_path / MODELS_FILE).read_text()
 
 
+def test_a_switched_model_keeps_a_key_given_in_code_without_any_environment(monkeypatch, tmp_path: Path) -> None:
+    # copy.copy goes through the pickling state, which never carries a key (for Ray workers);
+    # an in-process copy must keep it, or the tuned model's first call has no key.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with FakeOpenAIServer(reply="ok") as server:
+        base = OpenAIModel(BASE, base_url=server.base_url, api_key="sk-given-in-code-1234")
+        agent = LevelAgent(base, level=5)
+        tuned = switch_model(agent, succeeded(TUNED), run_dir=tmp_path)
+        asyncio.run(tuned.complete([{"role": "user", "content": "3"}]))
+        [request] = server.requests
+        assert request.json["model"] == TUNED
+        assert request.headers["authorization"] == "Bearer sk-given-in-code-1234"
+        assert "sk-given-in-code-1234" not in (tmp_path / MODELS_FILE).read_text()
+        tuned.close()
+        base.close()
+
+
 def test_only_a_job_that_succeeded_and_a_model_the_agent_holds_can_be_switched(tmp_path: Path) -> None:
     agent = LevelAgent(OpenAIModel(BASE, base_url="http://127.0.0.1:9/v1"), level=5)
     failed = TrainingJobStatus(job_id="job-2", status="failed", message="out of quota")

@@ -93,5 +93,5 @@ def test_what_tpe_cannot_search_is_an_error_that_says_what_to_add():
 
 def test_without_optuna_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
-    with pytest.raises(ImportError, match=r"opto\[tpe\]"):
+    with pytest.raises(ImportError, match=r"opto-agents\[tpe\]"):
         asyncio.run(TPEProposer().propose_batch(Knobs().parameters(), []))

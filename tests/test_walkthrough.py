@@ -1,4 +1,4 @@
-"""The README's walkthrough from prompts to weights, run as written: the shipped example on
+"""The docs' walkthrough from prompts to weights, run as written: the shipped example on
 the embedded model, the export, and the fine-tuning submits against the offline fakes."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
 
 
 def walkthrough_commands() -> list[list[str]]:
-    section = (ROOT / "README.md").read_text().split("## From prompts to weights", 1)[1].split("**1. Train", 1)[0]
+    page = (ROOT / "docs" / "guides" / "prompts-to-weights.md").read_text()
+    section = page.split("## From prompts to weights", 1)[1].split("**1. Train", 1)[0]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     return [shlex.split(line) for block in blocks for line in block.strip().splitlines()]
 
@@ -54,7 +55,7 @@ def test_the_readme_walkthrough_runs_as_written_on_the_embedded_model(tmp_path: 
 
 
 def rl_walkthrough_commands() -> list[list[str]]:
-    section = (ROOT / "README.md").read_text().split("## From rollouts to RL", 1)[1].split("**Groups.**", 1)[0]
+    section = (ROOT / "docs" / "guides" / "rl.md").read_text().split("**Groups.**", 1)[0]
     [block] = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     return [shlex.split(line) for line in block.strip().splitlines()]
 

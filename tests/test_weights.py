@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -129,26 +128,6 @@ def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(
     # The base model was asked only as prompt-again's optimizer: no stage before sft ran again, no collecting.
     assert model.requests and not any(r["messages"][0]["content"].startswith("Answer") for r in model.requests)
 
-
-def test_the_readme_example_runs_as_written(tmp_path: Path, tiny: Path, monkeypatch, capsys) -> None:
-    """The README's Python example, with the scripted base model, the tiny folder and small sizes put in."""
-    from opto import weights
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Prompts, then weights", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    real = weights.prompts_then_weights
-
-    def small(**kwargs):
-        return real(ScriptedModel(base_reply, name="base"), base_folder=tiny, **{**kwargs, **SMALL})
-
-    monkeypatch.setattr(weights, "prompts_then_weights", small)
-    monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    printed = [line.split() for line in capsys.readouterr().out.strip().splitlines()]
-    assert [line[0] for line in printed] == ["zero-shot", "prompt", "sft", "prompt-again"]
-    assert float(printed[1][1].rstrip("%")) > 50  # the prompt stage learned from its demos
-    assert (tmp_path / "runs" / "weights" / "metrics.jsonl").exists()
 
 
 def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -> None:

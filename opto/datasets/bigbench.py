@@ -29,10 +29,18 @@ import numpy as np
 
 from opto.data import DatasetError, Example
 
+from ..errors import MissingFileError, OptoValueError
+
 __all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks", "load_bigbench"]
 
-_TASKS = ("object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural",
-          "past_tense")
+_TASKS = (
+    "object_counting",
+    "word_sorting",
+    "sports_understanding",
+    "logical_deduction_three_objects",
+    "plural",
+    "past_tense",
+)
 
 #: Fractions of each task's shuffled examples in the train, validation and test splits
 #: (test takes what is left after rounding the first two down).
@@ -60,7 +68,7 @@ def bigbench(task: str, split: str = "train", n: int | None = None, seed: int = 
         seed: the shuffle seed (a different seed gives different splits).
     """
     if task not in _TASKS:
-        raise ValueError(f"unknown BIG-bench task {task!r}; the shipped tasks are {', '.join(_TASKS)}")
+        raise OptoValueError(f"unknown BIG-bench task {task!r}; the shipped tasks are {', '.join(_TASKS)}")
     return _split(task, _load_task(task), split, n, seed)
 
 
@@ -78,15 +86,18 @@ def load_bigbench(path: str | Path, split: str = "all", n: int | None = None, se
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"BIG-bench task file not found: {path}")
+        raise MissingFileError(f"BIG-bench task file not found: {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DatasetError(f"{path} is not a BIG-bench task: it is not JSON text ({exc})") from None
     examples = data.get("examples") if isinstance(data, dict) else None
     if not isinstance(examples, list) or not examples:
-        hint = " (it has subtasks: load the task.json of one subtask folder)" if isinstance(data, dict) and \
-            data.get("subtasks") else ""
+        hint = (
+            " (it has subtasks: load the task.json of one subtask folder)"
+            if isinstance(data, dict) and data.get("subtasks")
+            else ""
+        )
         raise DatasetError(f"{path} is not a BIG-bench JSON task: it has no non-empty 'examples' list{hint}")
     for index, row in enumerate(examples):
         if not isinstance(row, dict) or "input" not in row or not ("target" in row or "target_scores" in row):
@@ -104,11 +115,11 @@ def _keys(row: Any) -> str:
 
 def _split(task: str, data: dict[str, Any], split: str, n: int | None, seed: int) -> list[Example]:
     if split != "all" and split not in SPLIT_FRACTIONS:
-        raise ValueError(f"unknown split {split!r}; use one of 'train', 'validation', 'test' or 'all'")
+        raise OptoValueError(f"unknown split {split!r}; use one of 'train', 'validation', 'test' or 'all'")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-        raise ValueError(f"n must be an int >= 0 or None, got {n!r}")
+        raise OptoValueError(f"n must be an int >= 0 or None, got {n!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        raise OptoValueError(f"seed must be an int >= 0, got {seed!r}")
     examples = data["examples"]
     if split == "all":
         indices = list(range(len(examples)))
@@ -128,7 +139,7 @@ def _split(task: str, data: dict[str, Any], split: str, n: int | None, seed: int
     return [_to_example(task, data, index) for index in indices]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_task(task: str) -> dict[str, Any]:
     source = resources.files("opto.datasets") / "bigbench_data" / f"{task}.json"
     return json.loads(source.read_text(encoding="utf-8"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..errors import MissingDependencyError, OptoValueError
 from .coordinator import Coordinator
 from .remote import RemoteExecutor, WorkerError, WorkerLost
 from .shipping import Shipment
@@ -25,7 +26,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(_INSTALL) from exc
+        raise MissingDependencyError(_INSTALL) from exc
     return ray
 
 
@@ -49,14 +50,30 @@ class RayLink:
 
 def _lost_errors(ray: Any) -> tuple[type[BaseException], ...]:
     """Ray's errors that mean the process or node running a task is gone."""
-    names = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "ActorUnavailableError", "LocalRayletDiedError",
-             "ObjectLostError", "OwnerDiedError", "ObjectReconstructionFailedError")
+    names = (
+        "WorkerCrashedError",
+        "NodeDiedError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "LocalRayletDiedError",
+        "ObjectLostError",
+        "OwnerDiedError",
+        "ObjectReconstructionFailedError",
+    )
     return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
 
 
 class _RayBackend:
-    def __init__(self, *, num_cpus: float, resources: dict[str, float] | None, actors: int, actor_concurrency: int,
-                 address: str | None, runtime_env: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        *,
+        num_cpus: float,
+        resources: dict[str, float] | None,
+        actors: int,
+        actor_concurrency: int,
+        address: str | None,
+        runtime_env: dict[str, Any] | None,
+    ) -> None:
         self.num_cpus = num_cpus
         self.resources = resources or {}
         self.actors = actors
@@ -100,9 +117,12 @@ class _RayBackend:
             return self._task.options(num_cpus=self.num_cpus, resources=self.resources).remote(stored, task)
         if not self._pool:
             actor = ray.remote(max_restarts=-1, max_task_retries=0)(_RolloutActor)
-            self._pool = [actor.options(num_cpus=self.num_cpus, resources=self.resources,
-                                        max_concurrency=self.actor_concurrency).remote()
-                          for _ in range(self.actors)]
+            self._pool = [
+                actor.options(
+                    num_cpus=self.num_cpus, resources=self.resources, max_concurrency=self.actor_concurrency
+                ).remote()
+                for _ in range(self.actors)
+            ]
             self._busy = [0] * self.actors
         index = min(range(self.actors), key=self._busy.__getitem__)
         self._busy[index] += 1
@@ -120,7 +140,8 @@ class _RayBackend:
             raise WorkerError(
                 f"a Ray worker could not run the rollout: {exc.cause!r}. The agent's and guide's classes must be "
                 "importable on every worker (install your package there, or pass runtime_env={'py_modules': "
-                "[...]} / {'working_dir': ...}); classes defined in __main__ travel with the agent") from None
+                "[...]} / {'working_dir': ...}); classes defined in __main__ travel with the agent"
+            ) from None
         finally:
             self._done(handle)
 
@@ -198,10 +219,23 @@ class RayExecutor(RemoteExecutor):
         runtime_env: dict[str, Any] | None = None,
     ) -> None:
         if num_cpus < 0:
-            raise ValueError(f"num_cpus must be >= 0, got {num_cpus}")
+            raise OptoValueError(f"num_cpus must be >= 0, got {num_cpus}")
         if actors < 0 or actor_concurrency < 1:
-            raise ValueError(f"actors must be >= 0 and actor_concurrency >= 1, got {actors} and {actor_concurrency}")
+            raise OptoValueError(
+                f"actors must be >= 0 and actor_concurrency >= 1, got {actors} and {actor_concurrency}"
+            )
         _import_ray()  # fail now, not at the first rollout
-        super().__init__(_RayBackend(num_cpus=num_cpus, resources=resources, actors=actors,
-                                     actor_concurrency=actor_concurrency, address=address, runtime_env=runtime_env),
-                         max_in_flight=max_in_flight, max_attempts=max_attempts, timeout=timeout, grace=grace)
+        super().__init__(
+            _RayBackend(
+                num_cpus=num_cpus,
+                resources=resources,
+                actors=actors,
+                actor_concurrency=actor_concurrency,
+                address=address,
+                runtime_env=runtime_env,
+            ),
+            max_in_flight=max_in_flight,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            grace=grace,
+        )

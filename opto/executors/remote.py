@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .._async import gather_all
 from ..agent import Agent
 from ..data import Example
+from ..errors import OptoError, OptoValueError
 from ..guides import Guide
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import current_sampling
@@ -38,12 +39,11 @@ __all__ = ["Backend", "RemoteExecutor", "WorkerError", "WorkerLost"]
 logger = logging.getLogger(__name__)
 
 
-
-class WorkerLost(Exception):
+class WorkerLost(OptoError):
     """The process or node running a task died; the task may be submitted again."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(OptoError, RuntimeError):
     """A worker could not run a task at all (not the agent failing: that is a failed rollout)."""
 
 
@@ -89,14 +89,21 @@ class RemoteExecutor:
             driver's comes later and kills a worker stuck in code that cannot be interrupted.
     """
 
-    def __init__(self, backend: Backend, *, max_in_flight: int | None = None, max_attempts: int = 3,
-                 timeout: float | None = None, grace: float = 2.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_in_flight: int | None = None,
+        max_attempts: int = 3,
+        timeout: float | None = None,
+        grace: float = 2.0,
+    ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
+            raise OptoValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
         if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+            raise OptoValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+            raise OptoValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         self.backend = backend
         self.max_in_flight = max_in_flight
         self.max_attempts = max_attempts
@@ -131,8 +138,14 @@ class RemoteExecutor:
         try:
             shipment = ship(agent, guide, hub, run_budgets())  # raises ShippingError before any task starts
             stored = self.backend.put(shipment)
-            template = RolloutTask(digest=shipment.digest, example=examples[0], values=values_by_name(values),
-                                   min_score=min_score, timeout=timeout, sampling=current_sampling())
+            template = RolloutTask(
+                digest=shipment.digest,
+                example=examples[0],
+                values=values_by_name(values),
+                min_score=min_score,
+                timeout=timeout,
+                sampling=current_sampling(),
+            )
             gate = asyncio.Semaphore(self.max_in_flight or max(1, self.backend.capacity()))
 
             async def one(example: Example) -> Rollout:
@@ -159,17 +172,34 @@ class RemoteExecutor:
                     result = await asyncio.wait_for(self.backend.result(handle), task.timeout + self.grace)
             except TimeoutError:
                 self.backend.cancel(handle)
-                logger.warning("rollout on %s ran past rollout_timeout=%g s; its worker was stopped",
-                               example_id, task.timeout)
-                return Rollout(example_id=example_id, x=task.example.x, info=task.example.info,
-                               **timeout_fields(task.timeout, task.min_score))  # type: ignore[arg-type]
+                logger.warning(
+                    "rollout on %s ran past rollout_timeout=%g s; its worker was stopped", example_id, task.timeout
+                )
+                return Rollout(
+                    example_id=example_id,
+                    x=task.example.x,
+                    info=task.example.info,
+                    **timeout_fields(task.timeout, task.min_score),
+                )  # type: ignore[arg-type]
             except WorkerLost as exc:
-                logger.warning("rollout on %s: attempt %d/%d lost its worker (%s)%s", example_id, attempt,
-                               self.max_attempts, exc, "; submitting it again" if attempt < self.max_attempts else "")
+                logger.warning(
+                    "rollout on %s: attempt %d/%d lost its worker (%s)%s",
+                    example_id,
+                    attempt,
+                    self.max_attempts,
+                    exc,
+                    "; submitting it again" if attempt < self.max_attempts else "",
+                )
                 if attempt == self.max_attempts:
                     error = f"worker lost: {exc} (tried {attempt} times)"
-                    return Rollout(example_id=example_id, x=task.example.x, info=task.example.info,
-                                   score=task.min_score, feedback=f"The rollout could not finish: {error}", error=error)
+                    return Rollout(
+                        example_id=example_id,
+                        x=task.example.x,
+                        info=task.example.info,
+                        score=task.min_score,
+                        feedback=f"The rollout could not finish: {error}",
+                        error=error,
+                    )
                 continue
             except BaseException:
                 self.backend.cancel(handle)  # the run stops (budget, a failure elsewhere): free the worker
@@ -182,8 +212,9 @@ class RemoteExecutor:
         """The driver's side of a finished task: usage counted, logs passed on, the rollout built."""
         add_to_meters({name: UsageStats(**stats) for name, stats in result.get("usage", {}).items()})
         for record in result.get("logs", []):
-            logging.getLogger(record["name"]).log(record["level"], "(worker pid %s, rollout on %s) %s",
-                                                  result.get("pid"), example_id, record["message"])
+            logging.getLogger(record["name"]).log(
+                record["level"], "(worker pid %s, rollout on %s) %s", result.get("pid"), example_id, record["message"]
+            )
         if "budget_exceeded" in result:
             raise BudgetExceeded(result["budget_exceeded"])
         return Rollout(**result["rollout"])

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..agent import Agent
-from ..errors import OptoError
+from ..errors import MissingDependencyError, OptoError, OptoValueError
 from ..guides import Guide
 from ..llm.shared_limits import LimitsHub, shipping_to
 from ..parameters import Parameter, current_assignment
@@ -40,7 +40,9 @@ def _cloudpickle() -> Any:
     try:
         import cloudpickle
     except ImportError as exc:  # pragma: no cover - installed with the ray extra
-        raise ImportError("sending agents to other processes needs cloudpickle: pip install 'opto-agents[ray]'") from exc
+        raise MissingDependencyError(
+            "sending agents to other processes needs cloudpickle: pip install 'opto-agents[ray]'"
+        ) from exc
     return cloudpickle
 
 
@@ -66,7 +68,8 @@ def ship(agent: Agent, guide: Guide, hub: LimitsHub | None = None, budgets: tupl
                     f"cannot send the {name} to worker processes: {path} (a {kind}) cannot be "
                     f"pickled: {problem}. Make it picklable (a __getstate__ that drops it and a __setstate__ "
                     "that rebuilds it), or create it on first use inside the agent (as opto's models do with "
-                    "their connections)") from exc
+                    "their connections)"
+                ) from exc
         raise ShippingError(f"cannot send the agent and guide to worker processes: {exc}") from exc
 
 
@@ -104,6 +107,8 @@ def values_by_name(values: Mapping[Parameter | str, Any] | None) -> dict[str, An
         for key, value in source.items():
             name = key.name if isinstance(key, Parameter) else key
             if name is None:
-                raise ValueError("a Parameter without a name cannot be sent to a worker; call agent.parameters() first")
+                raise OptoValueError(
+                    "a Parameter without a name cannot be sent to a worker; call agent.parameters() first"
+                )
             merged[name] = value
     return merged

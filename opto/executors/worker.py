@@ -58,8 +58,7 @@ def _load(digest: str, blob: bytes) -> tuple[Any, Any, Any]:
     return loaded
 
 
-_RECORDS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("opto_worker_logs",
-                                                                                       default=None)
+_RECORDS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("opto_worker_logs", default=None)
 
 
 def unload_all() -> None:
@@ -98,11 +97,18 @@ async def aexecute(blob: bytes, task: RolloutTask) -> dict[str, Any]:
             try:
                 if task.sampling is not None:
                     with sampling(temperature=task.sampling.temperature, seed=task.sampling.seed):
-                        rollout = await run_rollout(agent, guide, task.example, values=task.values,
-                                                    min_score=task.min_score, timeout=task.timeout)
+                        rollout = await run_rollout(
+                            agent,
+                            guide,
+                            task.example,
+                            values=task.values,
+                            min_score=task.min_score,
+                            timeout=task.timeout,
+                        )
                 else:
-                    rollout = await run_rollout(agent, guide, task.example, values=task.values,
-                                                min_score=task.min_score, timeout=task.timeout)
+                    rollout = await run_rollout(
+                        agent, guide, task.example, values=task.values, min_score=task.min_score, timeout=task.timeout
+                    )
                 result["rollout"] = {**rollout.model_dump(mode="json"), "parameters_read": rollout.parameters_read}
             except BudgetExceeded as exc:
                 result["budget_exceeded"] = str(exc)

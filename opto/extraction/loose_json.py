@@ -19,6 +19,7 @@ from typing import Any
 import json_repair
 import yaml
 
+from ..errors import OptoValueError
 from ..llm.types import valid_unicode
 
 __all__ = ["MAX_DEPTH", "PARSERS", "json_safe", "parse_exact", "scan_pairs", "to_json_types"]
@@ -38,7 +39,7 @@ def to_json_types(value: Any, depth: int = 0, *, strict: bool = False) -> Any:
     number too large to write raise ValueError.
     """
     if depth > MAX_DEPTH:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+        raise OptoValueError(f"nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, dict):
         return {_key(k, strict): to_json_types(v, depth + 1, strict=strict) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -47,11 +48,11 @@ def to_json_types(value: Any, depth: int = 0, *, strict: bool = False) -> Any:
         return value
     if isinstance(value, int):
         if value.bit_length() > 10_000:
-            raise ValueError("a number too large to write")
+            raise OptoValueError("a number too large to write")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a finite number")
+            raise OptoValueError(f"{value!r} is not a finite number")
         return value
     return valid_unicode(value if isinstance(value, str) else str(value))
 
@@ -219,8 +220,9 @@ def _repaired(text: str) -> Iterator[Any]:
             yield repaired
 
 
-_YAML_BLOCK = re.compile(r"^(?P<key>suggestions?|update)[ \t]*:[ \t]*\r?\n(?P<body>(?:[ \t]+\S.*(?:\r?\n|$)|[ \t]*(?:\r?\n))+)",
-                         re.MULTILINE)
+_YAML_BLOCK = re.compile(
+    r"^(?P<key>suggestions?|update)[ \t]*:[ \t]*\r?\n(?P<body>(?:[ \t]+\S.*(?:\r?\n|$)|[ \t]*(?:\r?\n))+)", re.MULTILINE
+)
 _YAML_CHARS = 20_000  # longer blocks are not parsed: YAML parsing is slow on large hostile input
 
 

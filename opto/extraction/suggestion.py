@@ -17,8 +17,8 @@ from typing import Any
 
 from ..coercion import SkippedValue
 from ..errors import OptoError
-from ..parameters import _short
 from ..llm.types import valid_unicode
+from ..parameters import _short
 from .loose_json import PARSERS, json_safe, parse_exact, scan_pairs, to_json_types
 
 __all__ = [
@@ -226,4 +226,3 @@ def extract_llm_suggestion(response: str | None, ignore_extraction_error: bool =
             raise ExtractionError(response or "")
         logger.warning("%s; treating it as no change", ExtractionError(response or ""))
     return dict(extraction.suggestion)
-

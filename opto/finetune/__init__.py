@@ -19,6 +19,7 @@ needs the ``opto-agents[trl]`` extra) and `ARTAdapter` (GRPO on trajectory
 groups through an OpenPipe ART server or W&B's serverless training API).
 """
 
+from .art_adapter import ARTAdapter
 from .base import (
     JOB_STATES,
     TERMINAL_STATES,
@@ -30,7 +31,6 @@ from .base import (
     TrainingJobRef,
     TrainingJobStatus,
 )
-from .art_adapter import ARTAdapter
 from .nemo_adapter import NeMoCustomizerAdapter, NeMoCustomizerState
 from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
 from .switch import ModelSwitch, apply_recorded_switches, switch_model

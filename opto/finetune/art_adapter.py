@@ -28,6 +28,7 @@ from typing import Any, Literal
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 
 from .._io import read_jsonl
+from ..errors import OptoTypeError, OptoValueError
 from ..llm.redaction import remember_secret
 from ..preference.schemas import validate_jsonl
 from ..preference.trajectories import Trajectory
@@ -90,21 +91,23 @@ class ARTAdapter(WorkerJobAdapter):
         min_groups: int = 1,
     ) -> None:
         if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+            raise OptoValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if not model or not base_model:
-            raise ValueError("ARTAdapter needs model (the trained model's name) and base_model")
+            raise OptoValueError("ARTAdapter needs model (the trained model's name) and base_model")
         if not base_url:
-            raise ValueError("ARTAdapter needs base_url: the art run server's address or W&B's API root")
+            raise OptoValueError("ARTAdapter needs base_url: the art run server's address or W&B's API root")
         if not learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+            raise OptoValueError(f"learning_rate must be > 0, got {learning_rate}")
         self.model = model
         self.base_model = base_model
         self.base_url = base_url.rstrip("/")
         self.protocol = protocol
         self.project = project
         self.entity = entity
-        self.config: dict[str, Any] = {"learning_rate": learning_rate,
-                                       **({"beta": kl_penalty} if kl_penalty is not None else {})}
+        self.config: dict[str, Any] = {
+            "learning_rate": learning_rate,
+            **({"beta": kl_penalty} if kl_penalty is not None else {}),
+        }
         self.dev_config = dict(dev_config or {})
         self.api_key_env = api_key_env or _DEFAULT_KEY_ENV[protocol]
         self.output_dir = Path(output_dir)
@@ -123,8 +126,10 @@ class ARTAdapter(WorkerJobAdapter):
     async def initialize(self) -> None:
         """Check that the serverless protocol has its key."""
         if self.protocol == "serverless" and not self._key():
-            raise FineTuneError(f"the serverless protocol needs an API key: set {self.api_key_env} (it is read from "
-                                "the environment only, never written)")
+            raise FineTuneError(
+                f"the serverless protocol needs an API key: set {self.api_key_env} (it is read from "
+                "the environment only, never written)"
+            )
 
     async def is_healthy(self) -> bool:
         """art-run: the server's /healthcheck answers; serverless: the key is set and accepted."""
@@ -144,21 +149,40 @@ class ARTAdapter(WorkerJobAdapter):
         """Validate the groups (the "art" format) and start the job's worker."""
         kwargs.pop("validation_dataset", None)  # ART trains on groups only: nothing to validate against
         if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+            raise OptoTypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if not isinstance(dataset, (str, Path)):
-            raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
+            raise OptoTypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
         await self.initialize()
         validate_jsonl(dataset, "art", min_examples=self.min_groups)
         self._check_policy(Path(dataset))
-        model_json = {"name": self.model, "project": self.project, "base_model": self.base_model,
-                      "trainable": True, **({"entity": self.entity} if self.entity else {})}
-        files = self._new_job({
-            "protocol": self.protocol, "base_url": self.base_url, "model": model_json,
-            "dataset": str(Path(dataset).resolve()), "config": self.config, "dev_config": self.dev_config,
-            "api_key_env": self.api_key_env, "poll_interval": self.poll_interval, "timeout": self.timeout})
+        model_json = {
+            "name": self.model,
+            "project": self.project,
+            "base_model": self.base_model,
+            "trainable": True,
+            **({"entity": self.entity} if self.entity else {}),
+        }
+        files = self._new_job(
+            {
+                "protocol": self.protocol,
+                "base_url": self.base_url,
+                "model": model_json,
+                "dataset": str(Path(dataset).resolve()),
+                "config": self.config,
+                "dev_config": self.dev_config,
+                "api_key_env": self.api_key_env,
+                "poll_interval": self.poll_interval,
+                "timeout": self.timeout,
+            }
+        )
         self._start_worker(files)
-        return TrainingJobRef(job_id=files.folder.name, backend=self.backend, base_model=self.base_model,
-                              method="grpo", training_file=str(dataset))
+        return TrainingJobRef(
+            job_id=files.folder.name,
+            backend=self.backend,
+            base_model=self.base_model,
+            method="grpo",
+            training_file=str(dataset),
+        )
 
     def _check_policy(self, path: Path) -> None:
         """Off-policy groups (no logprobs) train only when the dev settings allow it."""
@@ -169,4 +193,5 @@ class ARTAdapter(WorkerJobAdapter):
                 f"{off_policy} of {len(trajectories)} trajectories in {path} carry no logprobs: they are off-policy "
                 "text, which ART trains on only with dev_config={'allow_training_without_logprobs': True} "
                 "(--allow-without-logprobs; in effect advantage-weighted SFT). For on-policy GRPO, collect the "
-                "rollouts from the model ART serves with logprobs")
+                "rollouts from the model ART serves with logprobs"
+            )

@@ -46,11 +46,21 @@ def main(folder: str) -> int:
     except BaseException as exc:  # every failure is reported through job.json
         print(redact(traceback.format_exc()), file=sys.stderr)  # the log is a file: no key in it
         message = redact(str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}")
-        files.update(status="failed", progress=None, finished_at=time.time(), error=message,
-                     message=f"training failed: {message}")
+        files.update(
+            status="failed",
+            progress=None,
+            finished_at=time.time(),
+            error=message,
+            message=f"training failed: {message}",
+        )
         return 1
-    files.update(status="succeeded", progress=1.0, finished_at=time.time(), fine_tuned_model=served,
-                 message=f"trained; agents call {served}")
+    files.update(
+        status="succeeded",
+        progress=1.0,
+        finished_at=time.time(),
+        fine_tuned_model=served,
+        message=f"trained; agents call {served}",
+    )
     return 0
 
 
@@ -74,12 +84,22 @@ def _art_run(client: httpx.Client, files: JobFiles, job: dict[str, Any], groups:
     model = job["model"]
     _call(client, "GET", "/healthcheck", "check the server's health")
     _call(client, "POST", "/register", "register the model", json=model)
-    served = _call(client, "POST", "/_prepare_backend_for_training", "prepare the backend for training",
-                   json={"model": model, "config": None})
+    served = _call(
+        client,
+        "POST",
+        "/_prepare_backend_for_training",
+        "prepare the backend for training",
+        json={"model": model, "config": None},
+    )
     served_url = served[0] if isinstance(served, list) and served else "?"
     files.update(message=f"training on {len(groups)} groups (the model is served at {served_url})")
-    body = {"model": model, "trajectory_groups": groups, "config": job["config"], "dev_config": job["dev_config"],
-            "verbose": False}
+    body = {
+        "model": model,
+        "trajectory_groups": groups,
+        "config": job["config"],
+        "dev_config": job["dev_config"],
+        "verbose": False,
+    }
     steps = 0
     with client.stream("POST", "/_train_model", json=body, timeout=httpx.Timeout(job["timeout"], read=None)) as reply:
         if reply.status_code >= 400:
@@ -93,9 +113,12 @@ def _art_run(client: httpx.Client, files: JobFiles, job: dict[str, Any], groups:
             steps += 1
             total = metrics.get("num_gradient_steps")
             loss = metrics.get("loss")
-            files.update(progress=min(steps / total, 0.99) if total else None,
-                         message=f"gradient step {steps}" + (f"/{total}" if total else "")
-                         + (f", loss {loss:.4f}" if isinstance(loss, (int, float)) else ""))
+            files.update(
+                progress=min(steps / total, 0.99) if total else None,
+                message=f"gradient step {steps}"
+                + (f"/{total}" if total else "")
+                + (f", loss {loss:.4f}" if isinstance(loss, (int, float)) else ""),
+            )
     if steps == 0:
         raise RemoteError("the training stream ended without a gradient step")
     step = _call(client, "POST", "/_get_step", "read the trained step", json={"model": model})
@@ -104,19 +127,40 @@ def _art_run(client: httpx.Client, files: JobFiles, job: dict[str, Any], groups:
 
 def _serverless(client: httpx.Client, files: JobFiles, job: dict[str, Any], groups: list[dict[str, Any]]) -> str:
     model = job["model"]
-    created = _call(client, "POST", "/preview/models", "create the model",
-                    json={key: model[key] for key in ("name", "project", "base_model", "entity") if key in model})
+    created = _call(
+        client,
+        "POST",
+        "/preview/models",
+        "create the model",
+        json={key: model[key] for key in ("name", "project", "base_model", "entity") if key in model},
+    )
     model_id = created["id"]
-    started = _call(client, "POST", "/preview/training-jobs", "create the training job",
-                    json={"model_id": model_id, "trajectory_groups": groups,
-                          "experimental_config": {**job["config"], **job["dev_config"]}})
+    started = _call(
+        client,
+        "POST",
+        "/preview/training-jobs",
+        "create the training job",
+        json={
+            "model_id": model_id,
+            "trajectory_groups": groups,
+            "experimental_config": {**job["config"], **job["dev_config"]},
+        },
+    )
     remote = started["id"]
     files.update(message=f"W&B training job {remote} on {len(groups)} groups")
     after = 0
     while True:
         _check_cancel(files)
-        events = _call(client, "GET", f"/preview/training-jobs/{remote}/events", "read the job's events",
-                       params={"after": after}).get("data") or []
+        events = (
+            _call(
+                client,
+                "GET",
+                f"/preview/training-jobs/{remote}/events",
+                "read the job's events",
+                params={"after": after},
+            ).get("data")
+            or []
+        )
         for event in events:
             after = max(after, int(event.get("id", after)))
             data = event.get("data") or {}
@@ -125,11 +169,17 @@ def _serverless(client: httpx.Client, files: JobFiles, job: dict[str, Any], grou
                 raise RemoteError(f"the training job {remote} failed: {data.get('error') or 'no reason given'}")
             if kind == "gradient_step":
                 total = data.get("num_gradient_steps")
-                files.update(progress=min(data.get("step", 0) / total, 0.99) if total else None,
-                             message=f"gradient step {data.get('step')}" + (f"/{total}" if total else ""))
+                files.update(
+                    progress=min(data.get("step", 0) / total, 0.99) if total else None,
+                    message=f"gradient step {data.get('step')}" + (f"/{total}" if total else ""),
+                )
             if kind == "training_ended":
-                checkpoints = _call(client, "GET", f"/preview/models/{model_id}/checkpoints",
-                                    "list the model's checkpoints").get("data") or []
+                checkpoints = (
+                    _call(client, "GET", f"/preview/models/{model_id}/checkpoints", "list the model's checkpoints").get(
+                        "data"
+                    )
+                    or []
+                )
                 if not checkpoints:
                     raise RemoteError(f"the training job {remote} ended but the model has no checkpoint")
                 return str(max(checkpoints, key=lambda c: c.get("step", 0))["name"])

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-from ..errors import OptoError
+
+from ..errors import OptoError, OptoValueError
 
 __all__ = [
     "JOB_STATES",
@@ -129,14 +130,15 @@ class TrainerAdapter(abc.ABC):
         is left running then.
         """
         if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+            raise OptoValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
         deadline = None if timeout is None else time.monotonic() + timeout
         last: str | None = None
         while True:
             current = await self.status(ref)
             if current.status != last:
-                logger.info("job %s: %s%s", current.job_id, current.status,
-                            f" ({current.message})" if current.message else "")
+                logger.info(
+                    "job %s: %s%s", current.job_id, current.status, f" ({current.message})" if current.message else ""
+                )
                 last = current.status
             if current.done:
                 return current

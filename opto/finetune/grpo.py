@@ -49,8 +49,10 @@ def completions_of(groups: list[dict[str, Any]]) -> tuple[list[ScoredReply], int
         mean, std = statistics.mean(rewards), statistics.pstdev(rewards)
         for trajectory, reward in zip(trajectories, rewards):
             advantage = (reward - mean) / (std + 1e-6)
-            histories = [trajectory["messages_and_choices"],
-                         *(h["messages_and_choices"] for h in trajectory.get("additional_histories") or [])]
+            histories = [
+                trajectory["messages_and_choices"],
+                *(h["messages_and_choices"] for h in trajectory.get("additional_histories") or []),
+            ]
             for history in histories:
                 *before, last = history
                 reply = last.get("message", last)
@@ -69,20 +71,22 @@ def completion_logprobs(model: Any, tokenizer: Any, completion: ScoredReply) -> 
     import torch
 
     prompt = tokenizer.apply_chat_template(completion.prompt, tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([*completion.prompt, {"role": "assistant", "content": completion.text}],
-                                         tokenize=False)
+    full = tokenizer.apply_chat_template(
+        [*completion.prompt, {"role": "assistant", "content": completion.text}], tokenize=False
+    )
     if not full.startswith(prompt):  # a template that rewrites earlier turns: score the reply on its own
         full = prompt + completion.text
     prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
     full_ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids
     start = prompt_ids.shape[1]
-    logits = model(full_ids).logits[0, start - 1:-1]
+    logits = model(full_ids).logits[0, start - 1 : -1]
     targets = full_ids[0, start:]
     return torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
 
 
-def grpo_loss(model: Any, tokenizer: Any, completions: list[ScoredReply], *, beta: float = 0.0,
-              reference: Any = None) -> Any:
+def grpo_loss(
+    model: Any, tokenizer: Any, completions: list[ScoredReply], *, beta: float = 0.0, reference: Any = None
+) -> Any:
     """The mean GRPO loss over `completions` (see the module); `reference` scores the KL term."""
     import torch
 

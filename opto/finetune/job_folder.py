@@ -10,12 +10,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._io import atomic_write_json, atomic_write_text
-from .base import TERMINAL_STATES, JobState as Status
+from .base import TERMINAL_STATES
+from .base import JobState as Status
 
 __all__ = ["DEFAULT_LORA", "JobFiles", "JobState"]
 
-DEFAULT_LORA: dict[str, Any] = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": "all-linear",
-                                "task_type": "CAUSAL_LM"}
+DEFAULT_LORA: dict[str, Any] = {
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.05,
+    "target_modules": "all-linear",
+    "task_type": "CAUSAL_LM",
+}
 
 
 class JobState(BaseModel):

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 from pydantic import BaseModel, Field
 
+from ..errors import OptoTypeError, OptoValueError
 from ..llm.redaction import redact, remember_secret
 from ..preference.schemas import validate_jsonl
 from .base import (
@@ -53,9 +54,14 @@ logger = logging.getLogger(__name__)
 _FILE_FORMAT = {"dpo": "nemo", "sft": "openai-sft"}
 # Customizer's job statuses in the common vocabulary ("cancelling" is still under way).
 _STATES: dict[str, JobState] = {
-    "created": "pending", "pending": "pending", "unknown": "pending",
-    "running": "running", "cancelling": "running",
-    "completed": "succeeded", "failed": "failed", "cancelled": "cancelled",
+    "created": "pending",
+    "pending": "pending",
+    "unknown": "pending",
+    "running": "running",
+    "cancelling": "running",
+    "completed": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
 }
 
 
@@ -81,9 +87,10 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         config: the Customizer configuration of the base model, e.g.
             "meta/llama-3.2-1b-instruct@v1.0.0+A100".
         base_url: the Customizer's root URL (default `NEMO_CUSTOMIZER_URL`).
-        data_store_url / entity_store_url: the Data Store's and Entity Store's root URLs
-            (default `NEMO_DATA_STORE_URL` / `NEMO_ENTITY_STORE_URL`, then `base_url`,
-            as behind one NeMo Microservices gateway).
+        data_store_url: the Data Store's root URL (default `NEMO_DATA_STORE_URL`, then
+            `base_url`, as behind one NeMo Microservices gateway).
+        entity_store_url: the Entity Store's root URL (default `NEMO_ENTITY_STORE_URL`,
+            then `base_url`).
         namespace: where datasets and the output model are made.
         method: "dpo" (a file from ``opto export --format nemo``) or "sft"
             (``--format openai-sft``).
@@ -116,19 +123,24 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         timeout: float = 60.0,
     ) -> None:
         if not config:
-            raise ValueError("config is required: the Customizer configuration of the base model, "
-                             "e.g. 'meta/llama-3.2-1b-instruct@v1.0.0+A100'")
+            raise OptoValueError(
+                "config is required: the Customizer configuration of the base model, "
+                "e.g. 'meta/llama-3.2-1b-instruct@v1.0.0+A100'"
+            )
         if method not in _FILE_FORMAT:
-            raise ValueError(f"method must be 'dpo' or 'sft', got {method!r}")
+            raise OptoValueError(f"method must be 'dpo' or 'sft', got {method!r}")
         base_url = base_url or os.environ.get("NEMO_CUSTOMIZER_URL")
         if not base_url:
-            raise ValueError("NeMoCustomizerAdapter needs the Customizer's URL: pass base_url=... "
-                             "(--base-url) or set NEMO_CUSTOMIZER_URL")
+            raise OptoValueError(
+                "NeMoCustomizerAdapter needs the Customizer's URL: pass base_url=... "
+                "(--base-url) or set NEMO_CUSTOMIZER_URL"
+            )
         self.config = config
         self.base_url = base_url.rstrip("/")
         self.data_store_url = (data_store_url or os.environ.get("NEMO_DATA_STORE_URL") or self.base_url).rstrip("/")
-        self.entity_store_url = (entity_store_url or os.environ.get("NEMO_ENTITY_STORE_URL")
-                                 or self.base_url).rstrip("/")
+        self.entity_store_url = (entity_store_url or os.environ.get("NEMO_ENTITY_STORE_URL") or self.base_url).rstrip(
+            "/"
+        )
         self.namespace = namespace
         self.method: Literal["dpo", "sft"] = method
         self.finetuning_type = finetuning_type
@@ -148,20 +160,34 @@ class NeMoCustomizerAdapter(TrainerAdapter):
     def state_dict(self) -> dict[str, Any]:
         """The settings and jobs as JSON-ready data (no key)."""
         return NeMoCustomizerState(
-            config=self.config, base_url=self.base_url, data_store_url=self.data_store_url,
-            entity_store_url=self.entity_store_url, namespace=self.namespace, method=self.method,
-            finetuning_type=self.finetuning_type, hyperparameters=self.hyperparameters,
-            output_model=self.output_model, jobs=self.jobs,
+            config=self.config,
+            base_url=self.base_url,
+            data_store_url=self.data_store_url,
+            entity_store_url=self.entity_store_url,
+            namespace=self.namespace,
+            method=self.method,
+            finetuning_type=self.finetuning_type,
+            hyperparameters=self.hyperparameters,
+            output_model=self.output_model,
+            jobs=self.jobs,
         ).model_dump(mode="json")
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], *, api_key: str | None = None) -> NeMoCustomizerAdapter:
         """An adapter restored from `state_dict()`; the key comes from `api_key` or the environment."""
         saved = NeMoCustomizerState.model_validate(state)
-        adapter = cls(saved.config, base_url=saved.base_url, data_store_url=saved.data_store_url,
-                      entity_store_url=saved.entity_store_url, namespace=saved.namespace, method=saved.method,
-                      finetuning_type=saved.finetuning_type, hyperparameters=saved.hyperparameters,
-                      output_model=saved.output_model, api_key=api_key)
+        adapter = cls(
+            saved.config,
+            base_url=saved.base_url,
+            data_store_url=saved.data_store_url,
+            entity_store_url=saved.entity_store_url,
+            namespace=saved.namespace,
+            method=saved.method,
+            finetuning_type=saved.finetuning_type,
+            hyperparameters=saved.hyperparameters,
+            output_model=saved.output_model,
+            api_key=api_key,
+        )
         adapter.jobs = list(saved.jobs)
         return adapter
 
@@ -179,18 +205,21 @@ class NeMoCustomizerAdapter(TrainerAdapter):
             logger.warning("%s", exc)
             return False
 
-    async def submit(self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None,
-                     **kwargs: Any) -> TrainingJobRef:
+    async def submit(
+        self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None, **kwargs: Any
+    ) -> TrainingJobRef:
         """Validate the file(s), upload them, register the dataset and create the job.
 
         Raises `DatasetFormatError` for a bad file (nothing is sent), `FineTuneRefused`
         when the Customizer refuses the job, `FineTuneError` for other failures.
         """
         if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+            raise OptoTypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if not isinstance(dataset, (str, Path)):
-            raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}; "
-                            "write one with `opto export --format nemo`")
+            raise OptoTypeError(
+                f"dataset must be the path of a JSONL file, got {type(dataset).__name__}; "
+                "write one with `opto export --format nemo`"
+            )
         fmt = _FILE_FORMAT[self.method]
         count = validate_jsonl(dataset, fmt, min_examples=self.min_examples)
         if validation_dataset is not None:
@@ -200,25 +229,46 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         if validation_dataset is not None:
             files["validation/data.jsonl"] = Path(validation_dataset).read_bytes()
         await self._upload(name, files)
-        await self._request("POST", f"{self.entity_store_url}/v1/datasets", "register the dataset", json={
-            "name": name, "namespace": self.namespace, "description": f"opto {self.method} export ({count} examples)",
-            "files_url": f"hf://datasets/{self.namespace}/{name}"})
-        job = await self._request("POST", f"{self.base_url}/v1/customization/jobs", "create the customization job",
-                                  json=self._job_request(name), refusal=True)
-        ref = TrainingJobRef(job_id=str(job["id"]), backend=self.backend, base_model=self.config, method=self.method,
-                             training_file=f"{self.namespace}/{name}/training/data.jsonl",
-                             validation_file=(f"{self.namespace}/{name}/validation/data.jsonl"
-                                              if validation_dataset is not None else None))
+        await self._request(
+            "POST",
+            f"{self.entity_store_url}/v1/datasets",
+            "register the dataset",
+            json={
+                "name": name,
+                "namespace": self.namespace,
+                "description": f"opto {self.method} export ({count} examples)",
+                "files_url": f"hf://datasets/{self.namespace}/{name}",
+            },
+        )
+        job = await self._request(
+            "POST",
+            f"{self.base_url}/v1/customization/jobs",
+            "create the customization job",
+            json=self._job_request(name),
+            refusal=True,
+        )
+        ref = TrainingJobRef(
+            job_id=str(job["id"]),
+            backend=self.backend,
+            base_model=self.config,
+            method=self.method,
+            training_file=f"{self.namespace}/{name}/training/data.jsonl",
+            validation_file=(
+                f"{self.namespace}/{name}/validation/data.jsonl" if validation_dataset is not None else None
+            ),
+        )
         self.jobs.append(ref)
-        logger.info("submitted NeMo Customizer %s job %s on %s (%d examples)", self.method, ref.job_id, self.config,
-                    count)
+        logger.info(
+            "submitted NeMo Customizer %s job %s on %s (%d examples)", self.method, ref.job_id, self.config, count
+        )
         return ref
 
     async def status(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
         """The job's state; `fine_tuned_model` is its output model once it completed."""
         job_id = job_id_of(ref)
-        body = await self._request("GET", f"{self.base_url}/v1/customization/jobs/{job_id}/status",
-                                   f"read job {job_id}")
+        body = await self._request(
+            "GET", f"{self.base_url}/v1/customization/jobs/{job_id}/status", f"read job {job_id}"
+        )
         raw = str(body.get("status", "unknown"))
         state = _STATES.get(raw, "pending")
         logs = body.get("status_logs") or []
@@ -226,13 +276,18 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         done = body.get("percentage_done")
         output = body.get("output_model")
         if state == "succeeded" and not output:  # the status view may leave it out; the job has it
-            output = (await self._request("GET", f"{self.base_url}/v1/customization/jobs/{job_id}",
-                                          f"read job {job_id}")).get("output_model")
+            output = (
+                await self._request("GET", f"{self.base_url}/v1/customization/jobs/{job_id}", f"read job {job_id}")
+            ).get("output_model")
         return TrainingJobStatus(
-            job_id=job_id, status=state, raw_status=raw,
+            job_id=job_id,
+            status=state,
+            raw_status=raw,
             progress=None if done is None else max(0.0, min(1.0, float(done) / 100)),
-            message=redact(message), fine_tuned_model=output if state == "succeeded" else None,
-            error=redact(message) if state == "failed" else None)
+            message=redact(message),
+            fine_tuned_model=output if state == "succeeded" else None,
+            error=redact(message) if state == "failed" else None,
+        )
 
     async def cancel(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
         """Ask the Customizer to cancel the job; returns its state after the request."""
@@ -253,23 +308,40 @@ class NeMoCustomizerAdapter(TrainerAdapter):
                 hyperparameters["dpo"] = dpo
         hyperparameters.update(settings)
         output = self.output_model or f"{self.namespace}/opto-{uuid.uuid4().hex[:8]}@v1"
-        return {"config": self.config, "dataset": {"name": dataset_name, "namespace": self.namespace},
-                "hyperparameters": hyperparameters, "output_model": output}
+        return {
+            "config": self.config,
+            "dataset": {"name": dataset_name, "namespace": self.namespace},
+            "hyperparameters": hyperparameters,
+            "output_model": output,
+        }
 
     async def _upload(self, name: str, files: dict[str, bytes]) -> None:
         """Make the dataset repository and commit the files to it (Hugging Face's commit API)."""
-        await self._request("POST", f"{self.data_store_url}/v1/hf/api/repos/create", "create the dataset repository",
-                            json={"type": "dataset", "name": name, "organization": self.namespace})
+        await self._request(
+            "POST",
+            f"{self.data_store_url}/v1/hf/api/repos/create",
+            "create the dataset repository",
+            json={"type": "dataset", "name": name, "organization": self.namespace},
+        )
         lines = [{"key": "header", "value": {"summary": "opto export", "description": ""}}]
-        lines += [{"key": "file", "value": {"path": path, "encoding": "base64",
-                                            "content": base64.b64encode(content).decode("ascii")}}
-                  for path, content in files.items()]
-        await self._request("POST", f"{self.data_store_url}/v1/hf/api/datasets/{self.namespace}/{name}/commit/main",
-                            "upload the dataset files", content="\n".join(json.dumps(line) for line in lines),
-                            headers={"Content-Type": "application/x-ndjson"})
+        lines += [
+            {
+                "key": "file",
+                "value": {"path": path, "encoding": "base64", "content": base64.b64encode(content).decode("ascii")},
+            }
+            for path, content in files.items()
+        ]
+        await self._request(
+            "POST",
+            f"{self.data_store_url}/v1/hf/api/datasets/{self.namespace}/{name}/commit/main",
+            "upload the dataset files",
+            content="\n".join(json.dumps(line) for line in lines),
+            headers={"Content-Type": "application/x-ndjson"},
+        )
 
-    async def _request(self, method: str, url: str, what: str, *, refusal: bool = False,
-                       **kwargs: Any) -> dict[str, Any]:
+    async def _request(
+        self, method: str, url: str, what: str, *, refusal: bool = False, **kwargs: Any
+    ) -> dict[str, Any]:
         headers = dict(kwargs.pop("headers", {}))
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
@@ -278,9 +350,11 @@ class NeMoCustomizerAdapter(TrainerAdapter):
             async with httpx.AsyncClient(timeout=self.timeout) as client:
                 response = await client.request(method, url, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
-            raise FineTuneError(f"cannot reach NeMo at {url} to {what}: {redact(str(exc)) or type(exc).__name__} "
-                                f"(after {time.monotonic() - started:.1f} s); check the URL and that the "
-                                "service runs") from None
+            raise FineTuneError(
+                f"cannot reach NeMo at {url} to {what}: {redact(str(exc)) or type(exc).__name__} "
+                f"(after {time.monotonic() - started:.1f} s); check the URL and that the "
+                "service runs"
+            ) from None
         if response.status_code >= 400:
             detail = error_detail(response)
             message = f"NeMo refused to {what} ({response.status_code}): {redact(detail)}"

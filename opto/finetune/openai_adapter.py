@@ -28,8 +28,9 @@ from typing import Any, Literal
 import openai
 from pydantic import BaseModel, Field
 
-from ..llm.openai_model import OpenAIModel, resolve_credentials
+from ..errors import OptoTypeError, OptoValueError
 from ..llm.errors import describe_error
+from ..llm.openai_model import OpenAIModel, resolve_credentials
 from ..llm.redaction import redact
 from ..preference.schemas import validate_jsonl
 from .base import (
@@ -120,18 +121,17 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         file_timeout: float = 600.0,
     ) -> None:
         if not base_model:
-            raise ValueError("base_model is required: the name of the model to fine-tune")
+            raise OptoValueError("base_model is required: the name of the model to fine-tune")
         if method not in _FILE_FORMAT:
-            raise ValueError(f"method must be 'dpo' or 'supervised', got {method!r}")
+            raise OptoValueError(f"method must be 'dpo' or 'supervised', got {method!r}")
         hyperparameters = dict(hyperparameters or {})
         unknown = set(hyperparameters) - _HYPERPARAMETERS[method]
         if unknown:
-            raise ValueError(
-                f"unknown {method} hyperparameter(s) {sorted(unknown)}; "
-                f"use {sorted(_HYPERPARAMETERS[method])}"
+            raise OptoValueError(
+                f"unknown {method} hyperparameter(s) {sorted(unknown)}; use {sorted(_HYPERPARAMETERS[method])}"
             )
         if min_examples < 1:
-            raise ValueError(f"min_examples must be >= 1, got {min_examples}")
+            raise OptoValueError(f"min_examples must be >= 1, got {min_examples}")
         self.base_model = base_model
         self.method: Method = method
         self.hyperparameters = hyperparameters
@@ -161,19 +161,34 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
     def state_dict(self) -> dict[str, Any]:
         """The settings and jobs as JSON-ready data (no API key, no client)."""
         return OpenAIFineTuneState(
-            base_model=self.base_model, method=self.method, hyperparameters=self.hyperparameters,
-            suffix=self.suffix, base_url=self.base_url, seed=self.seed, min_examples=self.min_examples,
-            jobs=self.jobs, last_status=self.last_status,
+            base_model=self.base_model,
+            method=self.method,
+            hyperparameters=self.hyperparameters,
+            suffix=self.suffix,
+            base_url=self.base_url,
+            seed=self.seed,
+            min_examples=self.min_examples,
+            jobs=self.jobs,
+            last_status=self.last_status,
         ).model_dump(mode="json")
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any], *, api_key: str | None = None,
-                        **kwargs: Any) -> OpenAIFineTuneAdapter:
+    def from_state_dict(
+        cls, state: Mapping[str, Any], *, api_key: str | None = None, **kwargs: Any
+    ) -> OpenAIFineTuneAdapter:
         """An adapter restored from `state_dict()`; the key comes from `api_key` or the environment."""
         saved = OpenAIFineTuneState.model_validate(state)
-        adapter = cls(saved.base_model, method=saved.method, hyperparameters=saved.hyperparameters,
-                      suffix=saved.suffix, base_url=saved.base_url, api_key=api_key, seed=saved.seed,
-                      min_examples=saved.min_examples, **kwargs)
+        adapter = cls(
+            saved.base_model,
+            method=saved.method,
+            hyperparameters=saved.hyperparameters,
+            suffix=saved.suffix,
+            base_url=saved.base_url,
+            api_key=api_key,
+            seed=saved.seed,
+            min_examples=saved.min_examples,
+            **kwargs,
+        )
         adapter.jobs = list(saved.jobs)
         adapter.last_status = dict(saved.last_status)
         return adapter
@@ -189,8 +204,9 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         # use) makes a new loop each time, so the client follows the loop.
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url,
-                                              timeout=self.timeout, max_retries=self.max_retries)
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries
+            )
             self._client_loop = loop
         return self._client
 
@@ -215,8 +231,9 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         """Check a file against this method's format locally; returns its number of examples."""
         return validate_jsonl(path, _FILE_FORMAT[self.method], min_examples=self.min_examples)
 
-    async def submit(self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None,
-                     **kwargs: Any) -> TrainingJobRef:
+    async def submit(
+        self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None, **kwargs: Any
+    ) -> TrainingJobRef:
         """Validate, upload and start a job on `dataset` (a JSONL file); returns its ref.
 
         Raises `DatasetFormatError` for a bad file (nothing is uploaded),
@@ -224,10 +241,12 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         failures.
         """
         if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+            raise OptoTypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if not isinstance(dataset, (str, Path)):
-            raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}; "
-                            "write one with `opto export` or opto.preference.export_run")
+            raise OptoTypeError(
+                f"dataset must be the path of a JSONL file, got {type(dataset).__name__}; "
+                "write one with `opto export` or opto.preference.export_run"
+            )
         count = self.validate_file(dataset)
         if validation_dataset is not None:
             validate_jsonl(validation_dataset, _FILE_FORMAT[self.method], min_examples=1)
@@ -249,9 +268,17 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         except openai.APIStatusError as exc:
             raise FineTuneRefused(self._refusal(exc)) from None
         except openai.APIConnectionError as exc:
-            raise FineTuneError(f"cannot reach {self.endpoint} to create the fine-tuning job: {redact(str(exc))}") from None
-        ref = TrainingJobRef(job_id=job.id, backend=self.backend, base_model=self.base_model, method=self.method,
-                             training_file=training_id, validation_file=validation_id)
+            raise FineTuneError(
+                f"cannot reach {self.endpoint} to create the fine-tuning job: {redact(str(exc))}"
+            ) from None
+        ref = TrainingJobRef(
+            job_id=job.id,
+            backend=self.backend,
+            base_model=self.base_model,
+            method=self.method,
+            training_file=training_id,
+            validation_file=validation_id,
+        )
         self.jobs.append(ref)
         logger.info("submitted %s job %s on %s (%d examples)", self.method, job.id, self.base_model, count)
         return ref
@@ -260,7 +287,9 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         try:
             uploaded = await client.files.create(file=(path.name, path.read_bytes()), purpose="fine-tune")
         except openai.APIStatusError as exc:
-            raise FineTuneError(f"{self.endpoint} refused the upload of {path}: {describe_error(exc, _message(exc))}") from None
+            raise FineTuneError(
+                f"{self.endpoint} refused the upload of {path}: {describe_error(exc, _message(exc))}"
+            ) from None
         except openai.APIConnectionError as exc:
             raise FineTuneError(f"cannot reach {self.endpoint} to upload {path}: {redact(str(exc))}") from None
         deadline = time.monotonic() + self.file_timeout
@@ -270,20 +299,26 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
                 details = getattr(current, "status_details", None) or "no details given"
                 raise FineTuneError(f"{self.endpoint} could not process {path} (file {current.id}): {details}")
             if time.monotonic() > deadline:
-                raise FineTuneError(f"file {current.id} ({path}) is still {current.status!r} after "
-                                    f"{self.file_timeout} s; try again later")
+                raise FineTuneError(
+                    f"file {current.id} ({path}) is still {current.status!r} after "
+                    f"{self.file_timeout} s; try again later"
+                )
             await asyncio.sleep(self.file_poll_interval)
             current = await client.files.retrieve(uploaded.id)
         return uploaded.id
 
     def _refusal(self, exc: openai.APIStatusError) -> str:
-        what = (f"{self.endpoint} refused to create a {self.method} fine-tuning job for {self.base_model!r} "
-                f"(HTTP {exc.status_code}): {_message(exc).rstrip('. ')}")
+        what = (
+            f"{self.endpoint} refused to create a {self.method} fine-tuning job for {self.base_model!r} "
+            f"(HTTP {exc.status_code}): {_message(exc).rstrip('. ')}"
+        )
         if exc.status_code in (401, 403):
             return f"{what}. This key or organisation may not fine-tune there. {_SERVICE_NOTE}"
         if exc.status_code == 404:
-            return (f"{what}. The endpoint has no fine-tuning API, or does not know the model; "
-                    f"check base_url and the model name. {_SERVICE_NOTE}")
+            return (
+                f"{what}. The endpoint has no fine-tuning API, or does not know the model; "
+                f"check base_url and the model name. {_SERVICE_NOTE}"
+            )
         return f"{what}. Check the base model, the method and the hyperparameters. {_SERVICE_NOTE}"
 
     # -- follow ----------------------------------------------------------------------
@@ -297,8 +332,9 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         except openai.NotFoundError:
             raise FineTuneError(f"{self.endpoint} has no fine-tuning job {job_id!r}") from None
         except openai.APIError as exc:
-            raise FineTuneError(f"cannot get the status of job {job_id} from {self.endpoint}: "
-                                f"{describe_error(exc, _message(exc))}") from None
+            raise FineTuneError(
+                f"cannot get the status of job {job_id} from {self.endpoint}: {describe_error(exc, _message(exc))}"
+            ) from None
         events = await self._events(client, job_id)
         result = self._to_status(job, events)
         self.last_status[job_id] = result
@@ -311,7 +347,9 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         try:
             await client.fine_tuning.jobs.cancel(job_id)
         except openai.APIError as exc:
-            raise FineTuneError(f"cannot cancel job {job_id} on {self.endpoint}: {describe_error(exc, _message(exc))}") from None
+            raise FineTuneError(
+                f"cannot cancel job {job_id} on {self.endpoint}: {describe_error(exc, _message(exc))}"
+            ) from None
         return await self.status(job_id)
 
     async def _events(self, client: openai.AsyncOpenAI, job_id: str) -> list[Any]:
@@ -337,8 +375,15 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
             message = str(getattr(events[0], "message", ""))
         else:
             message = raw
-        return TrainingJobStatus(job_id=job.id, status=status, raw_status=raw, progress=_progress(status, events),
-                                 message=message, fine_tuned_model=job.fine_tuned_model, error=error)
+        return TrainingJobStatus(
+            job_id=job.id,
+            status=status,
+            raw_status=raw,
+            progress=_progress(status, events),
+            message=message,
+            fine_tuned_model=job.fine_tuned_model,
+            error=error,
+        )
 
     # -- use the result --------------------------------------------------------------
 
@@ -349,16 +394,21 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         succeeded with a model name.
         """
         if not result.succeeded or not result.fine_tuned_model:
-            raise FineTuneError(f"job {result.job_id} is {result.status}, with no fine-tuned model to switch to"
-                                + (f": {result.message}" if result.message else ""))
+            raise FineTuneError(
+                f"job {result.job_id} is {result.status}, with no fine-tuned model to switch to"
+                + (f": {result.message}" if result.message else "")
+            )
         for model in models:
             if not isinstance(model, OpenAIModel):
-                raise TypeError(f"only OpenAIModel can be switched to a fine-tuned model, got {type(model).__name__}")
+                raise OptoTypeError(
+                    f"only OpenAIModel can be switched to a fine-tuned model, got {type(model).__name__}"
+                )
             if model.name != self.base_model:
                 logger.warning("switching %r, which does not use the job's base model %r", model, self.base_model)
             if _root(model.base_url) != _root(self.base_url):
-                logger.warning("%r talks to %s, but the model was tuned on %s", model,
-                               model.base_url or "OpenAI", self.endpoint)
+                logger.warning(
+                    "%r talks to %s, but the model was tuned on %s", model, model.base_url or "OpenAI", self.endpoint
+                )
             model.name = result.fine_tuned_model
         logger.info("switched %d model(s) to %s", len(models), result.fine_tuned_model)
         return result.fine_tuned_model
@@ -384,8 +434,10 @@ def _job_error(job: Any, events: Sequence[Any]) -> str:
     error = getattr(job, "error", None)
     if error is not None:
         message = getattr(error, "message", None) or ""
-        extras = [f"code {error.code}" if getattr(error, "code", None) else "",
-                  f"parameter {error.param}" if getattr(error, "param", None) else ""]
+        extras = [
+            f"code {error.code}" if getattr(error, "code", None) else "",
+            f"parameter {error.param}" if getattr(error, "param", None) else "",
+        ]
         extras = [e for e in extras if e]
         parts.append(message + (f" ({', '.join(extras)})" if extras else ""))
     for event in events:

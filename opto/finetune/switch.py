@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,14 +29,20 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .._io import atomic_write_json
 from ..agent import Agent, find_attributes
-from ..errors import RunDirError
+from ..errors import OptoTypeError, OptoValueError, RunDirError
 from ..ledger import damaged, read_json_object
 from ..llm.base import Model
 from ..llm.remote import RemoteChatModel
 from .base import FineTuneError, TrainingJobStatus
 
-__all__ = ["MODELS_FILE", "ModelSwitch", "apply_recorded_switches", "apply_switches", "recorded_switches",
-           "switch_model"]
+__all__ = [
+    "MODELS_FILE",
+    "ModelSwitch",
+    "apply_recorded_switches",
+    "apply_switches",
+    "recorded_switches",
+    "switch_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,20 +92,33 @@ def switch_model(
     job_id = None
     if isinstance(result, TrainingJobStatus):
         if not result.succeeded or not result.fine_tuned_model:
-            raise FineTuneError(f"job {result.job_id} is {result.status}, with no fine-tuned model to switch to"
-                                + (f": {result.message}" if result.message else ""))
+            raise FineTuneError(
+                f"job {result.job_id} is {result.status}, with no fine-tuned model to switch to"
+                + (f": {result.message}" if result.message else "")
+            )
         job_id, result = result.job_id, result.fine_tuned_model
+    elif not isinstance(result, (str, os.PathLike)):
+        raise OptoTypeError(
+            f"switch_model takes a TrainingJobStatus, a model name or a model folder, not {type(result).__name__}"
+        )
     target = str(result)
     local = Path(target).is_dir()
     if options and not local:
-        raise ValueError(f"options ({', '.join(options)}) are for a local model folder; {target!r} is a model name "
-                         "(no such folder)")
+        raise OptoValueError(
+            f"options ({', '.join(options)}) are for a local model folder; {target!r} is a model name (no such folder)"
+        )
     unknown = set(options) - set(_LOCAL_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown TransformersModel option(s) {sorted(unknown)}; a switch records only "
-                         f"{', '.join(_LOCAL_OPTIONS)}")
-    change = ModelSwitch(attributes=_chosen(agent, attributes), kind="local" if local else "name",
-                         target=str(Path(target).resolve()) if local else target, options=options, job_id=job_id)
+        raise OptoValueError(
+            f"unknown TransformersModel option(s) {sorted(unknown)}; a switch records only {', '.join(_LOCAL_OPTIONS)}"
+        )
+    change = ModelSwitch(
+        attributes=_chosen(agent, attributes),
+        kind="local" if local else "name",
+        target=str(Path(target).resolve()) if local else target,
+        options=options,
+        job_id=job_id,
+    )
     model = _apply(agent, change)
     if run_dir is not None:
         path = Path(run_dir) / MODELS_FILE
@@ -125,8 +145,10 @@ def recorded_switches(run_dir: str | Path, agent: Agent | None = None) -> list[M
     for change in switches:
         missing = [a for a in change.attributes if held is not None and a not in held]
         if missing:
-            raise RunDirError(f"{path} switches {', '.join(missing)} to {change.target}, but this agent holds no "
-                              "model there; build the agent as the run did")
+            raise RunDirError(
+                f"{path} switches {', '.join(missing)} to {change.target}, but this agent holds no "
+                "model there; build the agent as the run did"
+            )
     return switches
 
 
@@ -149,15 +171,18 @@ def apply_recorded_switches(agent: Agent, run_dir: str | Path) -> list[ModelSwit
 def _chosen(agent: Agent, attributes: Iterable[str] | None) -> list[str]:
     models = find_attributes(agent, Model)
     if not models:
-        raise ValueError(f"{type(agent).__name__} holds no Model in its attributes; keep the model the agent calls "
-                         "as an attribute (e.g. self.model) to switch it")
+        raise OptoValueError(
+            f"{type(agent).__name__} holds no Model in its attributes; keep the model the agent calls "
+            "as an attribute (e.g. self.model) to switch it"
+        )
     if attributes is None:
         return list(models)
     chosen = list(attributes)
     for name in chosen:
         if name not in models:
-            raise ValueError(f"{type(agent).__name__} has no model at {name!r}; its models are at "
-                             f"{', '.join(models)}")
+            raise OptoValueError(
+                f"{type(agent).__name__} has no model at {name!r}; its models are at {', '.join(models)}"
+            )
     return chosen
 
 
@@ -177,9 +202,11 @@ def _tuned(old: Model, change: ModelSwitch) -> Model:
         if old.name == change.target:
             return old
         if not isinstance(old, RemoteChatModel):
-            raise FineTuneError(f"{type(old).__name__} {old.name!r} runs a model of its own and cannot ask for "
-                                f"{change.target!r} by name; switch an OpenAIModel or LiteLLMModel")
-        new = copy.copy(old)  # through __getstate__: locks and clients are rebuilt, not shared
+            raise FineTuneError(
+                f"{type(old).__name__} {old.name!r} runs a model of its own and cannot ask for "
+                f"{change.target!r} by name; switch an OpenAIModel or LiteLLMModel"
+            )
+        new = copy.copy(old)  # its own locks and clients, the same server and key
         new.name = change.target
         return new
     from ..llm.transformers_model import TransformersModel
@@ -208,7 +235,7 @@ def _set(agent: Agent, path: str, value: Any) -> None:
     for part in parents:
         holder = _child(holder, part)
     if isinstance(holder, tuple):
-        raise ValueError(f"the model at {path!r} is inside a tuple, which cannot be changed; keep it in a list")
+        raise OptoValueError(f"the model at {path!r} is inside a tuple, which cannot be changed; keep it in a list")
     if isinstance(holder, list):
         holder[int(last)] = value
     elif isinstance(holder, dict):

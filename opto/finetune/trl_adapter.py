@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingFileError, OptoTypeError, OptoValueError
 from ..preference.schemas import validate_jsonl
 from .base import FineTuneError, TrainingJobRef
 from .job_folder import DEFAULT_LORA
@@ -49,9 +50,13 @@ class TRLAdapter(WorkerJobAdapter):
             --min-score 1`) or "grpo" (an art file of trajectory groups).
         beta: the DPO temperature (how far from the reference model); for GRPO the KL
             penalty against the starting model (0 turns it off); unused by SFT.
-        learning_rate, num_train_epochs, max_steps, per_device_train_batch_size,
-        gradient_accumulation_steps, max_length, seed: the usual `DPOConfig` settings
-            (`max_steps=-1` trains for `num_train_epochs`).
+        learning_rate: the optimizer's learning rate.
+        num_train_epochs: passes over the data (when `max_steps` is -1).
+        max_steps: gradient steps to stop after (-1: train for `num_train_epochs`).
+        per_device_train_batch_size: examples (GRPO: replies) per step.
+        gradient_accumulation_steps: steps whose gradients are summed before an update.
+        max_length: tokens a record is cut to.
+        seed: the training seed.
         config: more `DPOConfig` keyword arguments, applied last.
         lora: None trains all weights; True trains a LoRA adapter with opto's defaults
             (r 8, alpha 16, dropout 0.05, all linear layers); a mapping gives
@@ -86,14 +91,19 @@ class TRLAdapter(WorkerJobAdapter):
         cancel_grace: float = 10.0,
     ) -> None:
         if method not in ("dpo", "sft", "grpo"):
-            raise ValueError(f"method must be 'dpo', 'sft' or 'grpo', got {method!r}")
+            raise OptoValueError(f"method must be 'dpo', 'sft' or 'grpo', got {method!r}")
         self.model_path = str(model_path)
         self.output_dir = Path(output_dir)
         self.method = method
         self.settings: dict[str, Any] = {
-            "beta": beta, "learning_rate": learning_rate, "num_train_epochs": num_train_epochs,
-            "max_steps": max_steps, "per_device_train_batch_size": per_device_train_batch_size,
-            "gradient_accumulation_steps": gradient_accumulation_steps, "max_length": max_length, "seed": seed,
+            "beta": beta,
+            "learning_rate": learning_rate,
+            "num_train_epochs": num_train_epochs,
+            "max_steps": max_steps,
+            "per_device_train_batch_size": per_device_train_batch_size,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "max_length": max_length,
+            "seed": seed,
             **dict(config or {}),
         }
         if lora is True:
@@ -124,27 +134,39 @@ class TRLAdapter(WorkerJobAdapter):
         path = Path(self.model_path)
         return not path.exists() or (path / "config.json").is_file()
 
-    async def submit(self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None,
-                     **kwargs: Any) -> TrainingJobRef:
+    async def submit(
+        self, dataset: str | Path | Any, *, validation_dataset: str | Path | None = None, **kwargs: Any
+    ) -> TrainingJobRef:
         """Validate the file (trl-chat or trl format) and start training in a child process."""
         if kwargs:
-            raise TypeError(f"unexpected argument(s) {sorted(kwargs)}")
+            raise OptoTypeError(f"unexpected argument(s) {sorted(kwargs)}")
         if not isinstance(dataset, (str, Path)):
-            raise TypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
+            raise OptoTypeError(f"dataset must be the path of a JSONL file, got {type(dataset).__name__}")
         _require_trl(self.lora is not None)
         fmt = {"grpo": "art", "sft": "openai-sft"}.get(self.method) or _detect_format(Path(dataset))
         validate_jsonl(dataset, fmt, min_examples=self.min_examples)
         if validation_dataset is not None:
             validate_jsonl(validation_dataset, fmt, min_examples=1)
-        files = self._new_job({
-            "model_path": self.model_path, "method": self.method, "dataset": str(Path(dataset).resolve()),
-            "validation": str(Path(validation_dataset).resolve()) if validation_dataset else None,
-            "settings": self.settings, "lora": self.lora})
+        files = self._new_job(
+            {
+                "model_path": self.model_path,
+                "method": self.method,
+                "dataset": str(Path(dataset).resolve()),
+                "validation": str(Path(validation_dataset).resolve()) if validation_dataset else None,
+                "settings": self.settings,
+                "lora": self.lora,
+            }
+        )
         self._start_worker(files)
         job_id = files.folder.name
-        return TrainingJobRef(job_id=job_id, backend=self.backend, base_model=self.model_path, method=self.method,
-                              training_file=str(dataset),
-                              validation_file=str(validation_dataset) if validation_dataset else None)
+        return TrainingJobRef(
+            job_id=job_id,
+            backend=self.backend,
+            base_model=self.model_path,
+            method=self.method,
+            training_file=str(dataset),
+            validation_file=str(validation_dataset) if validation_dataset else None,
+        )
 
 
 def _require_trl(lora: bool = False) -> None:
@@ -158,7 +180,7 @@ def _require_trl(lora: bool = False) -> None:
 def _detect_format(path: Path) -> str:
     """trl-chat when the first record's prompt is a message list, else trl."""
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise MissingFileError(f"dataset file not found: {path}")
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             if line.strip():

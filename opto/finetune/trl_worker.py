@@ -29,14 +29,24 @@ def main(folder: str) -> int:
         final = train_grpo(files, job) if job.get("method") == "grpo" else train(files, job)
     except BaseException as exc:  # every failure is reported through job.json
         traceback.print_exc()
-        files.update(status="failed", progress=None, finished_at=time.time(),
-                     error=f"{type(exc).__name__}: {exc}", message=f"training failed: {type(exc).__name__}: {exc}")
+        files.update(
+            status="failed",
+            progress=None,
+            finished_at=time.time(),
+            error=f"{type(exc).__name__}: {exc}",
+            message=f"training failed: {type(exc).__name__}: {exc}",
+        )
         return 1
     if final is None:
         files.update(status="cancelled", finished_at=time.time(), message="cancelled", fine_tuned_model=None)
     else:
-        files.update(status="succeeded", progress=1.0, finished_at=time.time(), fine_tuned_model=str(final),
-                     message=f"fine-tuned model: {final}")
+        files.update(
+            status="succeeded",
+            progress=1.0,
+            finished_at=time.time(),
+            fine_tuned_model=str(final),
+            message=f"fine-tuned model: {final}",
+        )
     return 0
 
 
@@ -55,8 +65,9 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
     class Progress(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             total = state.max_steps or 0
-            files.update(progress=(state.global_step / total) if total else None,
-                         message=f"step {state.global_step}/{total}")
+            files.update(
+                progress=(state.global_step / total) if total else None, message=f"step {state.global_step}/{total}"
+            )
             if files.cancel.exists():
                 control.should_training_stop = True
             return control
@@ -75,19 +86,29 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
     train_set = Dataset.from_list(read_jsonl(job["dataset"]))
     evaluation = Dataset.from_list(read_jsonl(job["validation"])) if job.get("validation") else None
     if supervised and not getattr(tokenizer, "chat_template", None):
-        raise DatasetFormatError(f"{job['dataset']} holds chat messages but the tokenizer of {job['model_path']} "
-                                 "has no chat template to render them; give the tokenizer a chat_template")
+        raise DatasetFormatError(
+            f"{job['dataset']} holds chat messages but the tokenizer of {job['model_path']} "
+            "has no chat template to render them; give the tokenizer a chat_template"
+        )
     if not supervised and isinstance(train_set[0]["prompt"], list) and not getattr(tokenizer, "chat_template", None):
         raise DatasetFormatError(
             f"{job['dataset']} is conversational (trl-chat) but the tokenizer of {job['model_path']} has no chat "
-            "template; export with --format trl --tokenizer MODEL instead, or give the tokenizer a chat_template")
+            "template; export with --format trl --tokenizer MODEL instead, or give the tokenizer a chat_template"
+        )
     peft_config = None
     if job.get("lora"):
         from peft import LoraConfig
 
         peft_config = LoraConfig(**job["lora"])
-    trainer = trainer_class(model=job["model_path"], args=args, train_dataset=train_set, eval_dataset=evaluation,
-                         processing_class=tokenizer, callbacks=[Progress()], peft_config=peft_config)
+    trainer = trainer_class(
+        model=job["model_path"],
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        callbacks=[Progress()],
+        peft_config=peft_config,
+    )
     files.update(message="training")
     trainer.train()
     if files.cancel.exists():
@@ -114,8 +135,9 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
     torch.manual_seed(int(settings.get("seed", 0)))
     tokenizer = AutoTokenizer.from_pretrained(job["model_path"])
     if not getattr(tokenizer, "chat_template", None):
-        raise DatasetFormatError(f"the tokenizer of {job['model_path']} has no chat template: GRPO scores each "
-                                 "reply under it")
+        raise DatasetFormatError(
+            f"the tokenizer of {job['model_path']} has no chat template: GRPO scores each reply under it"
+        )
     model = AutoModelForCausalLM.from_pretrained(job["model_path"])
     beta = float(settings.get("beta") or 0.0)
     reference = copy.deepcopy(model).eval() if beta > 0 else None
@@ -125,16 +147,18 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
         model = get_peft_model(model, LoraConfig(**job["lora"]))
     completions, dropped = completions_of(read_jsonl(job["dataset"]))
     if not completions:
-        raise DatasetFormatError(f"no group in {job['dataset']} has rewards that vary ({dropped} dropped): GRPO "
-                                 "learns nothing from them")
+        raise DatasetFormatError(
+            f"no group in {job['dataset']} has rewards that vary ({dropped} dropped): GRPO learns nothing from them"
+        )
     # Minibatches of replies, each its own backward pass: one graph over every reply would
     # hold all their activations at once (tens of GB for a few hundred replies).
     size = max(1, int(settings.get("per_device_train_batch_size") or 8))
     batches = -(-len(completions) // size)
     steps = int(settings.get("max_steps") or 0)
     steps = steps if steps > 0 else max(1, round(float(settings.get("num_train_epochs", 1.0)) * batches))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=float(settings["learning_rate"]))
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=float(settings["learning_rate"])
+    )
     model.train()
     started = f"training on {len(completions)} replies ({dropped} groups dropped: equal rewards)"
     logger.info("grpo: %s", started)

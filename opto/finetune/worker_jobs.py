@@ -50,10 +50,14 @@ class WorkerJobAdapter(TrainerAdapter):
         if not hasattr(self, "_processes"):
             self._processes: dict[str, subprocess.Popen[bytes]] = {}
         with files.log.open("ab") as log:
-            process = subprocess.Popen([sys.executable, "-m", self.worker_module, str(files.folder)],
-                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env={**os.environ, **dict(env or {})},
-                                       start_new_session=True)  # its own group: survives a Ctrl-C of the caller
+            process = subprocess.Popen(
+                [sys.executable, "-m", self.worker_module, str(files.folder)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **dict(env or {})},
+                start_new_session=True,
+            )  # its own group: survives a Ctrl-C of the caller
         files.write_process(process.pid)
         self._processes[files.folder.name] = process
 
@@ -70,14 +74,25 @@ class WorkerJobAdapter(TrainerAdapter):
             state = files.read_state()  # it may have finished between the two reads
             if not state.done:
                 tail = files.log_tail()
-                state = state.model_copy(update={
-                    "status": "failed", "finished_at": time.time(), "progress": None,
-                    "error": "the worker process ended without a result" + (f": {tail}" if tail else ""),
-                    "message": f"the worker process ended without a result (see {files.log.name})"})
+                state = state.model_copy(
+                    update={
+                        "status": "failed",
+                        "finished_at": time.time(),
+                        "progress": None,
+                        "error": "the worker process ended without a result" + (f": {tail}" if tail else ""),
+                        "message": f"the worker process ended without a result (see {files.log.name})",
+                    }
+                )
                 files.write_state(state)
-        return TrainingJobStatus(job_id=job_id, status=state.status, raw_status=state.status,
-                                 progress=state.progress, message=state.message,
-                                 fine_tuned_model=state.fine_tuned_model, error=state.error)
+        return TrainingJobStatus(
+            job_id=job_id,
+            status=state.status,
+            raw_status=state.status,
+            progress=state.progress,
+            message=state.message,
+            fine_tuned_model=state.fine_tuned_model,
+            error=state.error,
+        )
 
     async def cancel(self, ref: TrainingJobRef | str) -> TrainingJobStatus:
         """Stop the job (from any process): the worker stops at its next check of the
@@ -102,8 +117,15 @@ class WorkerJobAdapter(TrainerAdapter):
                 await asyncio.to_thread(self._reap, job_id)
             state = files.read_state()
             if not state.done:
-                files.write_state(state.model_copy(update={"status": "cancelled", "finished_at": time.time(),
-                                                           "message": "cancelled (the worker was terminated)"}))
+                files.write_state(
+                    state.model_copy(
+                        update={
+                            "status": "cancelled",
+                            "finished_at": time.time(),
+                            "message": "cancelled (the worker was terminated)",
+                        }
+                    )
+                )
         return await self.status(job_id)
 
     def join(self, ref: TrainingJobRef | str, timeout: float | None = None) -> None:

@@ -15,7 +15,21 @@
 
 from .base import Model
 from .cache import ResponseCache
-from .errors import BudgetExceeded, LLMError, LLMRequestError, LLMUnavailableError
+from .errors import (
+    AuthenticationError,
+    BadRequestError,
+    BudgetExceeded,
+    ContextWindowExceededError,
+    LLMError,
+    LLMRequestError,
+    LLMTimeoutError,
+    LLMUnavailableError,
+    ModelNotFoundError,
+    QuotaExceededError,
+    RateLimitError,
+    ServerError,
+    UnsupportedRequestError,
+)
 from .instrument import Instrumented, instrument, instrument_litellm, uninstrument, uninstrument_litellm
 from .litellm_model import LiteLLMModel
 from .local import LocalModel
@@ -29,6 +43,15 @@ from .types import Completion, Message, TokenUsage, ToolCall
 from .usage import Budget, Price, UsageStats
 
 __all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "ContextWindowExceededError",
+    "LLMTimeoutError",
+    "ModelNotFoundError",
+    "QuotaExceededError",
+    "RateLimitError",
+    "ServerError",
+    "UnsupportedRequestError",
     "Budget",
     "BudgetExceeded",
     "Completion",

@@ -46,8 +46,9 @@ class ChatPoster:
             # limit=0: the model's semaphore bounds the requests in flight, not the pool.
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0))
         try:
-            async with self._session.post(self._url, data=json.dumps(body), headers=self._headers,
-                                          proxy=self._proxy) as response:
+            async with self._session.post(
+                self._url, data=json.dumps(body), headers=self._headers, proxy=self._proxy
+            ) as response:
                 content = await response.read()
                 status, headers = response.status, list(response.headers.items())
         except asyncio.TimeoutError:

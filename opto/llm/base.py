@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import OptoValueError
 from .cache import ResponseCache, request_key
 from .prices import known_price
 from .sampling import current_sampling
@@ -63,7 +64,11 @@ class Model(ABC):
         if budget is not None and budget.max_cost_usd is not None and self.price is None:
             logger.warning(
                 "%s has no known price, so Budget(max_cost_usd=%s) cannot limit what it spends; give "
-                "prices={%r: {'input': usd_per_1m_tokens, 'output': usd_per_1m_tokens}}", name, budget.max_cost_usd, name)
+                "prices={%r: {'input': usd_per_1m_tokens, 'output': usd_per_1m_tokens}}",
+                name,
+                budget.max_cost_usd,
+                name,
+            )
 
     @property
     def usage(self) -> UsageStats:
@@ -113,13 +118,13 @@ class Model(ABC):
             temperature = override.temperature if override.temperature is not None else temperature
             seed = override.seed if override.seed is not None else seed
         if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
+            raise OptoValueError(f"n must be a positive int, got {n!r}")
         if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens!r}")
+            raise OptoValueError(f"max_tokens must be positive, got {max_tokens!r}")
         optional = _tool_options(tools, tool_choice)  # sent, and in the cache key, only when given
         if stop is not None:
             if not isinstance(stop, list) or not 1 <= len(stop) <= 4 or not all(isinstance(x, str) and x for x in stop):
-                raise ValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
+                raise OptoValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
             optional["stop"] = stop
         if logprobs:
             optional["logprobs"] = True
@@ -171,8 +176,13 @@ class Model(ABC):
         if finish == "stop" and any(calls):
             finish = "tool_calls"
         completion = Completion(
-            texts=[t or "" for t in texts], finish_reason=finish, usage=usage, model=model_name, cached=not missing,
-            sample_tool_calls=calls if any(calls) else [], sample_logprobs=tokens if any(tokens) else [],
+            texts=[t or "" for t in texts],
+            finish_reason=finish,
+            usage=usage,
+            model=model_name,
+            cached=not missing,
+            sample_tool_calls=calls if any(calls) else [],
+            sample_logprobs=tokens if any(tokens) else [],
         )
         if completion.truncated:
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
@@ -249,15 +259,17 @@ def _tool_options(tools: Any, tool_choice: Any) -> dict[str, Any]:
     """{"tools": ..., "tool_choice": ...} as given (checked), or {} without tools."""
     if tools is None:
         if tool_choice is not None:
-            raise ValueError("tool_choice needs tools: pass tools=[...] too")
+            raise OptoValueError("tool_choice needs tools: pass tools=[...] too")
         return {}
     if not isinstance(tools, list) or not tools:
-        raise ValueError("tools must be a non-empty list of {'type': 'function', 'function': {...}} dicts")
+        raise OptoValueError("tools must be a non-empty list of {'type': 'function', 'function': {...}} dicts")
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ValueError(f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
-                             f"'parameters': {{...}}}}}}, got {tool!r}")
+            raise OptoValueError(
+                f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ..., "
+                f"'parameters': {{...}}}}}}, got {tool!r}"
+            )
     options: dict[str, Any] = {"tools": tools}
     if tool_choice is not None:
         options["tool_choice"] = tool_choice

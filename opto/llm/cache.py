@@ -69,8 +69,9 @@ class ResponseCache:
     def get(self, key: str) -> CachedSample | None:
         """The cached sample of `key`, or None."""
         with self._lock:
-            row = self._db.execute("SELECT text, finish_reason, tool_calls, logprobs FROM responses WHERE key = ?",
-                                   (key,)).fetchone()
+            row = self._db.execute(
+                "SELECT text, finish_reason, tool_calls, logprobs FROM responses WHERE key = ?", (key,)
+            ).fetchone()
             if row is None:
                 self.misses += 1
                 return None
@@ -78,8 +79,14 @@ class ResponseCache:
         calls = [ToolCall.model_validate(call) for call in json.loads(row[2])] if row[2] else []
         return CachedSample(row[0], row[1], calls, json.loads(row[3]) if row[3] else [])
 
-    def put(self, key: str, text: str, finish_reason: str | None, tool_calls: list[ToolCall] | None = None,
-            logprobs: list[dict[str, Any]] | None = None) -> None:
+    def put(
+        self,
+        key: str,
+        text: str,
+        finish_reason: str | None,
+        tool_calls: list[ToolCall] | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> None:
         calls = json.dumps([call.model_dump() for call in tool_calls]) if tool_calls else None
         with self._lock:
             self._db.execute(

@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import OptoValueError
 from .prices import known_price
 from .reported import reported_usage
 from .tracing import record_call, recorded_by_opto
@@ -53,11 +54,12 @@ class Instrumented:
             delattr(self.client, _ATTRIBUTE)
 
 
-def instrument(client: Any, *, budget: Budget | None = None,
-               prices: Mapping[str, Price | Mapping[str, float]] | None = None) -> Instrumented:
+def instrument(
+    client: Any, *, budget: Budget | None = None, prices: Mapping[str, Price | Mapping[str, float]] | None = None
+) -> Instrumented:
     """Record `client`'s chat completions in rollout traces, usage and `budget`."""
     if getattr(client, _ATTRIBUTE, None) is not None:
-        raise ValueError("this client is already instrumented; call uninstrument(client) first")
+        raise OptoValueError("this client is already instrumented; call uninstrument(client) first")
     completions = client.chat.completions
     handle = Instrumented(client, completions, {"create": completions.create})
     completions.create = _traced(completions.create, budget, prices)
@@ -65,8 +67,9 @@ def instrument(client: Any, *, budget: Budget | None = None,
     return handle
 
 
-def instrument_litellm(*, budget: Budget | None = None,
-                       prices: Mapping[str, Price | Mapping[str, float]] | None = None) -> Instrumented:
+def instrument_litellm(
+    *, budget: Budget | None = None, prices: Mapping[str, Price | Mapping[str, float]] | None = None
+) -> Instrumented:
     """Record `litellm.completion` and `litellm.acompletion` calls like an instrumented client's.
 
     Code must call them through the module (`litellm.completion(...)`): a name imported
@@ -76,7 +79,7 @@ def instrument_litellm(*, budget: Budget | None = None,
 
     litellm = import_litellm()
     if getattr(litellm, _ATTRIBUTE, None) is not None:
-        raise ValueError("LiteLLM is already instrumented; call uninstrument_litellm() first")
+        raise OptoValueError("LiteLLM is already instrumented; call uninstrument_litellm() first")
     originals = {"completion": litellm.completion, "acompletion": litellm.acompletion}
     handle = Instrumented(litellm, litellm, originals)
     for name, original in originals.items():
@@ -95,8 +98,12 @@ def uninstrument_litellm() -> None:
         handle.close()
 
 
-def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | Mapping[str, float]] | None,
-            positional: tuple[str, ...] = ()) -> Any:
+def _traced(
+    original: Any,
+    budget: Budget | None,
+    prices: Mapping[str, Price | Mapping[str, float]] | None,
+    positional: tuple[str, ...] = (),
+) -> Any:
     """`original` (a chat completion function, sync or async) recording every call.
     `positional` names its leading positional parameters (LiteLLM's model and messages)."""
     table = normalize_prices(prices)
@@ -120,10 +127,16 @@ def _traced(original: Any, budget: Budget | None, prices: Mapping[str, Price | M
         texts = [getattr(c.message, "content", None) or "" for c in choices]
         reasons = [getattr(c, "finish_reason", None) for c in choices]
         calls = [tool_calls_of(c.message) for c in choices]
-        completion = Completion(texts=texts or [""], finish_reason="length" if "length" in reasons else "stop",
-                                usage=usage, model=model, sample_tool_calls=calls if any(calls) else [])
-        messages = validate_messages([_plain(m) for m in kwargs.get("messages") or []]
-                                     or [{"role": "user", "content": ""}])
+        completion = Completion(
+            texts=texts or [""],
+            finish_reason="length" if "length" in reasons else "stop",
+            usage=usage,
+            model=model,
+            sample_tool_calls=calls if any(calls) else [],
+        )
+        messages = validate_messages(
+            [_plain(m) for m in kwargs.get("messages") or []] or [{"role": "user", "content": ""}]
+        )
         record_call(model, messages, completion, tools=kwargs.get("tools"))
 
     def failed(reservation: tuple[list[Budget], list[tuple[int, float]]], model: str) -> None:
@@ -169,8 +182,11 @@ def _usage_of(response: Any) -> TokenUsage:
     usage = getattr(response, "usage", None)
     if usage is None:
         return TokenUsage()
-    return reported_usage(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None),
-                          source="an instrumented client's responses")
+    return reported_usage(
+        getattr(usage, "prompt_tokens", None),
+        getattr(usage, "completion_tokens", None),
+        source="an instrumented client's responses",
+    )
 
 
 def _plain(message: Any) -> Any:
@@ -178,4 +194,3 @@ def _plain(message: Any) -> Any:
     if hasattr(message, "model_dump"):
         return message.model_dump(exclude_none=True)
     return message
-

@@ -3,7 +3,8 @@
 Needs the ``litellm`` extra (``pip install 'opto-agents[litellm]'``). Requests go through
 `litellm.acompletion` with LiteLLM's own retries off: opto's concurrency cap, rate
 limits, retries and 429 patience apply, exactly as for `OpenAIModel`, because LiteLLM
-raises subclasses of the OpenAI SDK's error classes for every provider.
+raises subclasses of the OpenAI SDK's error classes for every provider (a status it has no
+class for is given one here).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import asyncio
 import os
 from typing import Any
 
+import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with it
+import openai
+
+from ..errors import OptoValueError
 from .errors import LLMError
 from .redaction import remember_secret
 from .remote import RemoteChatModel
@@ -35,6 +40,17 @@ def import_litellm() -> Any:
     return litellm
 
 
+def _as_status_error(exc: openai.APIError) -> openai.APIError:
+    """LiteLLM reports a status it has no class for (403, say) as a bare `APIError`, which
+    is not an `openai.APIStatusError`: give it one, so it is sorted by its status like the rest."""
+    status = getattr(exc, "status_code", None)
+    if not isinstance(status, int):
+        return exc
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    response = httpx.Response(status, headers=headers, request=httpx.Request("POST", "http://litellm.invalid"))
+    return openai.APIStatusError(exc.message, response=response, body=getattr(exc, "body", None))
+
+
 class _LiteLLMPoster:
     """Posts one request through `litellm.acompletion` and returns the reply as a dict."""
 
@@ -44,8 +60,14 @@ class _LiteLLMPoster:
         self._timeout = timeout
 
     async def post(self, body: dict[str, Any]) -> Any:
-        response = await self._litellm.acompletion(**body, **self._options, timeout=self._timeout, num_retries=0,
-                                                   max_retries=0)
+        try:
+            response = await self._litellm.acompletion(
+                **body, **self._options, timeout=self._timeout, num_retries=0, max_retries=0
+            )
+        except (openai.APIStatusError, openai.APIConnectionError):  # timeouts are connection errors
+            raise
+        except openai.APIError as exc:
+            raise _as_status_error(exc) from exc
         return response.model_dump()
 
     async def close(self) -> None:
@@ -66,8 +88,16 @@ class LiteLLMModel(RemoteChatModel):
     Args:
         model: LiteLLM's model name, e.g. "anthropic/claude-3-5-haiku-latest",
             "gemini/gemini-2.0-flash", "ollama/llama3.2" or "openai/gpt-4o-mini".
-        max_concurrency, requests_per_minute, tokens_per_minute, timeout, max_retries,
-        rate_limit_patience, cache, budget, prices: as for `OpenAIModel`.
+        max_concurrency: requests in flight at once.
+        requests_per_minute: a client-side request rate limit (None: none).
+        tokens_per_minute: a client-side token rate limit (None: none).
+        timeout: seconds one request may take.
+        max_retries: retries of a failed request (429s within `rate_limit_patience` are not counted).
+        rate_limit_patience: seconds to keep waiting out 429s before they count as failures.
+        cache: a `ResponseCache` (None: no caching).
+        budget: a `Budget` every call is checked against before it is sent.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}, over
+            the maintained price table's (see `Model`).
         **litellm_kwargs: passed to every `litellm.acompletion` call, e.g.
             `api_base=...`, `api_key=...` (never logged: it is redacted from errors and
             files), `custom_llm_provider=...`, or provider settings.
@@ -96,14 +126,24 @@ class LiteLLMModel(RemoteChatModel):
     ) -> None:
         reserved = {"model", "messages", "num_retries", "max_retries", "timeout"} & set(litellm_kwargs)
         if reserved:
-            raise ValueError(f"LiteLLMModel sets {sorted(reserved)} itself; pass timeout= and max_retries= "
-                             "as LiteLLMModel arguments")
+            raise OptoValueError(
+                f"LiteLLMModel sets {sorted(reserved)} itself; pass timeout= and max_retries= as LiteLLMModel arguments"
+            )
         self._litellm = import_litellm()
         remember_secret(litellm_kwargs.get("api_key"))
         self._options = litellm_kwargs
-        super().__init__(model, max_concurrency=max_concurrency, requests_per_minute=requests_per_minute,
-                         tokens_per_minute=tokens_per_minute, timeout=timeout, max_retries=max_retries,
-                         rate_limit_patience=rate_limit_patience, cache=cache, budget=budget, prices=prices)
+        super().__init__(
+            model,
+            max_concurrency=max_concurrency,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            timeout=timeout,
+            max_retries=max_retries,
+            rate_limit_patience=rate_limit_patience,
+            cache=cache,
+            budget=budget,
+            prices=prices,
+        )
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         base = self._options.get("api_base") or self._options.get("base_url")
@@ -119,6 +159,9 @@ class LiteLLMModel(RemoteChatModel):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._litellm = import_litellm()
+
+    def _keep_secrets_of(self, other: RemoteChatModel) -> None:
+        self._options = dict(other._options)  # type: ignore[attr-defined]
 
     def _new_poster(self) -> _LiteLLMPoster:
         return _LiteLLMPoster(self._litellm, self._options, self.timeout)

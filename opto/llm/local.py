@@ -14,8 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingFileError
 from .base import Model
-from .errors import LLMError, LLMRequestError
+from .errors import LLMError, UnsupportedRequestError, refused_request_error
 from .reported import reported_usage
 from .types import Completion, Message, TokenUsage
 
@@ -84,7 +85,10 @@ class LocalModel(Model):
             tiles, repacked layouts). Off by default: on virtual machines whose CPU reports
             AMX that the kernel does not enable, the first AMX multiplication kills the
             process (SIGSEGV); a small model loses little without them.
-        cache, budget, prices: see `Model`.
+        cache: a `ResponseCache` (None: no caching).
+        budget: a `Budget` every call is checked against before it runs.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}, for a
+            cost objective (see `Model`).
 
     `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
     grammar; a `json_schema` format constrains it to that schema. One llama context is
@@ -105,7 +109,7 @@ class LocalModel(Model):
     ) -> None:
         path = Path(model_path) if model_path is not None else default_model_path()
         if not path.is_file():
-            raise FileNotFoundError(f"LocalModel: no model file at {path}")
+            raise MissingFileError(f"LocalModel: no model file at {path}")
         super().__init__(path.stem, cache=cache, budget=budget, prices=prices)
         self.model_path = path
         self.n_ctx = n_ctx
@@ -142,13 +146,17 @@ class LocalModel(Model):
         logprobs: bool = False,
     ) -> Completion:
         if logprobs:
-            raise LLMRequestError(f"{self.name}: LocalModel does not return logprobs; serve the model with an "
-                                  "OpenAI-compatible server and use OpenAIModel")
+            raise UnsupportedRequestError(
+                f"{self.name}: LocalModel does not return logprobs; serve the model with an "
+                "OpenAI-compatible server and use OpenAIModel"
+            )
         if tools is not None:
             # llama.cpp's tool calling needs a function-calling chat format the small
             # default model was not trained for: refuse clearly rather than ignore tools.
-            raise LLMRequestError(f"{self.name}: LocalModel does not support tools; serve the model with an "
-                                  "OpenAI-compatible server that does and use OpenAIModel")
+            raise UnsupportedRequestError(
+                f"{self.name}: LocalModel does not support tools; serve the model with an "
+                "OpenAI-compatible server that does and use OpenAIModel"
+            )
         kwargs: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
         if stop is not None:
             kwargs["stop"] = stop
@@ -183,8 +191,8 @@ class LocalModel(Model):
         llama = self._load()
         try:
             return llama.create_chat_completion(**kwargs)
-        except ValueError as exc:  # e.g. the prompt does not fit n_ctx
-            raise LLMError(f"{self.name}: {exc}") from exc
+        except ValueError as exc:  # e.g. "Requested tokens (600) exceed context window of 512"
+            raise refused_request_error(None, f"{self.name}: {exc}", model=self.name) from exc
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

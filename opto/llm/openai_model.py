@@ -7,8 +7,9 @@ from typing import Any
 
 import openai
 
+from ..errors import OptoValueError
 from ._chat_http import ChatPoster
-from .errors import LLMRequestError
+from .errors import AuthenticationError
 from .redaction import remember_secret
 from .remote import RemoteChatModel
 
@@ -27,7 +28,7 @@ def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> 
     api_key = api_key or os.environ.get("OPENAI_API_KEY")
     if not api_key:
         if base_url is None:
-            raise ValueError(
+            raise OptoValueError(
                 f"{who} needs an API key: pass api_key=... or set OPENAI_API_KEY "
                 "(or pass base_url=... for an OpenAI-compatible server that needs none)"
             )
@@ -44,8 +45,16 @@ class OpenAIModel(RemoteChatModel):
         base_url: the API root; defaults to `OPENAI_BASE_URL`, then OpenAI itself.
         api_key: defaults to `OPENAI_API_KEY`; a placeholder is sent to a custom
             base_url when there is none (local servers need no key). Never logged.
-        max_concurrency, requests_per_minute, tokens_per_minute, timeout, max_retries,
-        rate_limit_patience, cache, budget, prices: see `RemoteChatModel`.
+        max_concurrency: requests in flight at once.
+        requests_per_minute: a client-side request rate limit (None: none).
+        tokens_per_minute: a client-side token rate limit (None: none).
+        timeout: seconds one request may take.
+        max_retries: retries of a failed request (429s within `rate_limit_patience` are not counted).
+        rate_limit_patience: seconds to keep waiting out 429s before they count as failures.
+        cache: a `ResponseCache` (None: no caching).
+        budget: a `Budget` every call is checked against before it is sent.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}, over
+            the maintained price table's (see `Model`).
 
     Call `close()` (or `await aclose()`) when done; it also closes at exit.
     """
@@ -67,9 +76,18 @@ class OpenAIModel(RemoteChatModel):
         prices: Any = None,
     ) -> None:
         self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIModel")
-        super().__init__(model, max_concurrency=max_concurrency, requests_per_minute=requests_per_minute,
-                         tokens_per_minute=tokens_per_minute, timeout=timeout, max_retries=max_retries,
-                         rate_limit_patience=rate_limit_patience, cache=cache, budget=budget, prices=prices)
+        super().__init__(
+            model,
+            max_concurrency=max_concurrency,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            timeout=timeout,
+            max_retries=max_retries,
+            rate_limit_patience=rate_limit_patience,
+            cache=cache,
+            budget=budget,
+            prices=prices,
+        )
 
     _thread_label = "openai"
 
@@ -82,15 +100,18 @@ class OpenAIModel(RemoteChatModel):
             state["_api_key"] = None
         return state
 
+    def _keep_secrets_of(self, other: RemoteChatModel) -> None:
+        self._api_key = other._api_key  # type: ignore[attr-defined]
+
     def _new_poster(self) -> ChatPoster:
         if self._api_key is None:  # unpickled in another process (a Ray worker)
             self._api_key = os.environ.get("OPENAI_API_KEY") or None
             if self._api_key is None:
-                raise LLMRequestError(
+                raise AuthenticationError(
                     "OpenAIModel has no API key in this process: keys are never sent with a shipped agent, so "
                     "each worker reads OPENAI_API_KEY from its own environment; set it there (the node's "
-                    "environment, or ray.init(runtime_env={'env_vars': {...}}))")
+                    "environment, or ray.init(runtime_env={'env_vars': {...}}))"
+                )
             remember_secret(self._api_key)
-        client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout,
-                                    max_retries=0)
+        client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0)
         return ChatPoster(client, self.timeout)

@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import MissingDependencyError, OptoTypeError, OptoValueError
 from .prices import known_price
-from .tracing import current_trace, is_recorded_by_opto
 from .reported import reported_usage
+from .tracing import current_trace, is_recorded_by_opto
 from .types import ToolCall
 from .usage import Budget, UsageMeter, cost_of, current_meters, run_budgets
 
@@ -61,7 +62,7 @@ def _import_sdk() -> Any:
     try:
         from opentelemetry.sdk import trace as sdk_trace
     except ImportError as exc:
-        raise ImportError("trace_otel needs the OpenTelemetry SDK: pip install 'opto-agents[otel]'") from exc
+        raise MissingDependencyError("trace_otel needs the OpenTelemetry SDK: pip install 'opto-agents[otel]'") from exc
     return sdk_trace
 
 
@@ -128,8 +129,7 @@ class OtelTracing:
     def _take_call(self, owner: _Owner, attributes: Mapping[str, Any], span: Any) -> None:
         call = _openinference_call(attributes) if "openinference.span.kind" in attributes else _genai_call(attributes)
         model = call["model"]
-        usage = reported_usage(call.pop("prompt_tokens"), call.pop("completion_tokens"),
-                               source="OpenTelemetry spans")
+        usage = reported_usage(call.pop("prompt_tokens"), call.pop("completion_tokens"), source="OpenTelemetry spans")
         price = known_price(model)
         cost = cost_of(usage, price)
         for meter in owner.meters:
@@ -163,17 +163,18 @@ def trace_otel(tracer_provider: Any = None) -> OtelTracing:
 
         tracer_provider = api_trace.get_tracer_provider()
     if not isinstance(tracer_provider, sdk_trace.TracerProvider):
-        raise TypeError(
+        raise OptoTypeError(
             f"trace_otel needs an OpenTelemetry SDK TracerProvider, got {type(tracer_provider).__name__}: create one "
             "(opentelemetry.sdk.trace.TracerProvider()), pass it here and to your instrumentor, or set it globally "
-            "with opentelemetry.trace.set_tracer_provider(...)")
+            "with opentelemetry.trace.set_tracer_provider(...)"
+        )
     handle = OtelTracing(tracer_provider)
     tracer_provider.add_span_processor(handle)
     return handle
 
 
 def _kind(attributes: Mapping[str, Any]) -> str | None:
-    """"llm", "tool" or None (a span that is neither, e.g. a chain: only structure)."""
+    """ "llm", "tool" or None (a span that is neither, e.g. a chain: only structure)."""
     openinference = attributes.get("openinference.span.kind")
     if openinference == "LLM":
         return "llm"
@@ -190,7 +191,7 @@ def _indexed(attributes: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]
     for key, value in attributes.items():
         if not key.startswith(prefix + "."):
             continue
-        index, _, rest = key[len(prefix) + 1:].partition(".")
+        index, _, rest = key[len(prefix) + 1 :].partition(".")
         if index.isdigit():
             _put(found.setdefault(int(index), {}), rest.split("."), value)
     return [found[i] for i in sorted(found)]
@@ -215,12 +216,21 @@ def _openinference_call(attributes: Mapping[str, Any]) -> dict[str, Any]:
         messages.append(entry)
     outputs = [item.get("message", {}) for item in _indexed(attributes, "llm.output_messages")]
     reply = outputs[0] if outputs else {}
-    tools = [json.loads(t["tool"]["json_schema"]) for t in _indexed(attributes, "llm.tools")
-             if isinstance(t.get("tool"), dict) and "json_schema" in t["tool"]]
-    return _call(str(attributes.get("llm.model_name") or attributes.get("llm.request.model_name") or ""),
-                 messages, str(reply.get("content") or ""), _oi_tool_calls(reply), tools,
-                 attributes.get("llm.token_count.prompt"), attributes.get("llm.token_count.completion"),
-                 attributes.get("llm.finish_reason"))
+    tools = [
+        json.loads(t["tool"]["json_schema"])
+        for t in _indexed(attributes, "llm.tools")
+        if isinstance(t.get("tool"), dict) and "json_schema" in t["tool"]
+    ]
+    return _call(
+        str(attributes.get("llm.model_name") or attributes.get("llm.request.model_name") or ""),
+        messages,
+        str(reply.get("content") or ""),
+        _oi_tool_calls(reply),
+        tools,
+        attributes.get("llm.token_count.prompt"),
+        attributes.get("llm.token_count.completion"),
+        attributes.get("llm.finish_reason"),
+    )
 
 
 def _oi_tool_calls(message: Mapping[str, Any]) -> list[ToolCall]:
@@ -228,8 +238,11 @@ def _oi_tool_calls(message: Mapping[str, Any]) -> list[ToolCall]:
     for index in sorted((message.get("tool_calls") or {}), key=int):
         call = message["tool_calls"][index].get("tool_call", {})
         function = call.get("function", {})
-        calls.append(ToolCall(id=str(call.get("id") or ""), name=str(function["name"]),
-                              arguments=str(function.get("arguments") or "")))
+        calls.append(
+            ToolCall(
+                id=str(call.get("id") or ""), name=str(function["name"]), arguments=str(function.get("arguments") or "")
+            )
+        )
     return calls
 
 
@@ -252,15 +265,25 @@ def _genai_call(attributes: Mapping[str, Any]) -> dict[str, Any]:
     reply = "".join(str(p.get("content", "")) for p in parts if p.get("type") == "text")
     calls = [_genai_tool_call(p) for p in parts if p.get("type") == "tool_call"]
     finish = attributes.get("gen_ai.response.finish_reasons")
-    return _call(str(attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model") or ""),
-                 messages, reply, calls, [], attributes.get("gen_ai.usage.input_tokens"),
-                 attributes.get("gen_ai.usage.output_tokens"), finish[0] if finish else None)
+    return _call(
+        str(attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model") or ""),
+        messages,
+        reply,
+        calls,
+        [],
+        attributes.get("gen_ai.usage.input_tokens"),
+        attributes.get("gen_ai.usage.output_tokens"),
+        finish[0] if finish else None,
+    )
 
 
 def _genai_tool_call(part: Mapping[str, Any]) -> ToolCall:
     arguments = part.get("arguments")
-    return ToolCall(id=str(part.get("id") or ""), name=str(part["name"]),
-                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return ToolCall(
+        id=str(part.get("id") or ""),
+        name=str(part["name"]),
+        arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+    )
 
 
 def _json_list(value: Any) -> list[dict[str, Any]]:
@@ -268,18 +291,32 @@ def _json_list(value: Any) -> list[dict[str, Any]]:
         return []
     found = json.loads(value) if isinstance(value, str) else value
     if not isinstance(found, list):
-        raise ValueError(f"expected a JSON list of messages, got {type(found).__name__}")
+        raise OptoValueError(f"expected a JSON list of messages, got {type(found).__name__}")
     return found
 
 
-def _call(model: str, messages: list[dict[str, Any]], reply: str, calls: list[ToolCall], tools: list[Any],
-          prompt_tokens: Any, completion_tokens: Any, finish: Any) -> dict[str, Any]:
+def _call(
+    model: str,
+    messages: list[dict[str, Any]],
+    reply: str,
+    calls: list[ToolCall],
+    tools: list[Any],
+    prompt_tokens: Any,
+    completion_tokens: Any,
+    finish: Any,
+) -> dict[str, Any]:
     """A trace entry shaped as opto's own calls are (plus the token counts, taken out again)."""
     if not model:
-        raise ValueError("the span names no model")
-    call: dict[str, Any] = {"model": model, "messages": messages, "response": reply, "cached": False,
-                            "source": "opentelemetry", "prompt_tokens": prompt_tokens,
-                            "completion_tokens": completion_tokens}
+        raise OptoValueError("the span names no model")
+    call: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "response": reply,
+        "cached": False,
+        "source": "opentelemetry",
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+    }
     if calls:
         call["tool_calls"] = [c.model_dump() for c in calls]
     if tools:
@@ -292,8 +329,11 @@ def _call(model: str, messages: list[dict[str, Any]], reply: str, calls: list[To
 def _tool_result(name: str, attributes: Mapping[str, Any]) -> dict[str, Any]:
     tool = str(attributes.get("tool.name") or attributes.get("gen_ai.tool.name") or name)
     content, call_id = _tool_output(attributes.get("output.value") or attributes.get("gen_ai.tool.call.result") or "")
-    result: dict[str, Any] = {"name": tool, "tool_call_id": str(attributes.get("gen_ai.tool.call.id") or call_id),
-                              "content": content}
+    result: dict[str, Any] = {
+        "name": tool,
+        "tool_call_id": str(attributes.get("gen_ai.tool.call.id") or call_id),
+        "content": content,
+    }
     given = attributes.get("input.value") or attributes.get("gen_ai.tool.call.arguments")
     if given:
         result["input"] = str(given)

@@ -29,10 +29,12 @@ def known_price(model: str) -> Price | None:
     provider, _, name = model.rpartition("/")
     for ref, provider_id in ((model, None), (name, provider or None)):
         try:
-            input_price = calc_price(Usage(input_tokens=_MILLION, output_tokens=0), model_ref=ref,
-                                     provider_id=provider_id).total_price
-            output_price = calc_price(Usage(input_tokens=0, output_tokens=_MILLION), model_ref=ref,
-                                      provider_id=provider_id).total_price
+            input_price = calc_price(
+                Usage(input_tokens=_MILLION, output_tokens=0), model_ref=ref, provider_id=provider_id
+            ).total_price
+            output_price = calc_price(
+                Usage(input_tokens=0, output_tokens=_MILLION), model_ref=ref, provider_id=provider_id
+            ).total_price
         except (LookupError, ValueError):
             continue
         return Price(input=float(input_price), output=float(output_price))

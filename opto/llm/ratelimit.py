@@ -9,6 +9,7 @@ from typing import Any
 
 from aiolimiter import AsyncLimiter
 
+from ..errors import OptoValueError
 from .shared_limits import Link, current_hub
 
 __all__ = ["RateLimiter"]
@@ -58,7 +59,7 @@ class RateLimiter:
     def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
         for label, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
             if value is not None and value < 1:
-                raise ValueError(f"{label} must be >= 1 or None, got {value}")
+                raise OptoValueError(f"{label} must be >= 1 or None, got {value}")
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         # Set while a coordinator holds these limits for several processes.
@@ -104,8 +105,12 @@ class RateLimiter:
     def __getstate__(self) -> dict[str, Any]:
         if self._link is None and self.limited and (hub := current_hub()) is not None:
             hub.attach_limiter(self)
-        return {"requests_per_minute": self.requests_per_minute, "tokens_per_minute": self.tokens_per_minute,
-                "link": self._link, "key": self._key}
+        return {
+            "requests_per_minute": self.requests_per_minute,
+            "tokens_per_minute": self.tokens_per_minute,
+            "link": self._link,
+            "key": self._key,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["requests_per_minute"], state["tokens_per_minute"])  # type: ignore[misc]

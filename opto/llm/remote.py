@@ -11,13 +11,14 @@ from typing import Any, Protocol
 
 import openai
 
+from ..errors import OptoValueError
 from ._loop import BackgroundLoop
 from .base import Model
-from .errors import LLMRequestError, LLMUnavailableError, describe_error
+from .errors import describe_error, refused_request_error, unavailable_error
 from .ratelimit import RateLimiter
 from .redaction import redact
-from .retry import backoff_delay, retry_after_delay, retry_after_seconds
 from .reported import reported_tokens
+from .retry import backoff_delay, retry_after_delay, retry_after_seconds
 from .types import Completion, Message, TokenUsage, tool_calls_of
 from .usage import estimate_tokens
 
@@ -92,13 +93,13 @@ class RemoteChatModel(Model):
     ) -> None:
         super().__init__(model, cache=cache, budget=budget, prices=prices)
         if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+            raise OptoValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            raise OptoValueError(f"max_retries must be >= 0, got {max_retries}")
         if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+            raise OptoValueError(f"timeout must be > 0 seconds, got {timeout}")
         if rate_limit_patience < 0:
-            raise ValueError(f"rate_limit_patience must be >= 0 seconds, got {rate_limit_patience}")
+            raise OptoValueError(f"rate_limit_patience must be >= 0 seconds, got {rate_limit_patience}")
         self.max_concurrency = max_concurrency
         self.timeout = timeout
         self.max_retries = max_retries
@@ -125,6 +126,17 @@ class RemoteChatModel(Model):
         self._open = []
         self._semaphore = None
         self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+
+    def __copy__(self) -> RemoteChatModel:
+        """A copy in this process (what `switch_model` makes): its own loop, locks and
+        clients, and the same key, which a pickle for another process never carries."""
+        new = type(self).__new__(type(self))
+        new.__setstate__(self.__getstate__())
+        new._keep_secrets_of(self)
+        return new
+
+    def _keep_secrets_of(self, other: RemoteChatModel) -> None:
+        """Take back what `__getstate__` leaves out for safety (a key): the copy stays here."""
 
     @abc.abstractmethod
     def _new_poster(self) -> Poster:
@@ -200,14 +212,22 @@ class RemoteChatModel(Model):
                 # rejection steps down too.
                 if kind and exc.status_code in (400, 500) and _about_response_format(exc):
                     if kind not in self._rejected_formats:
-                        logger.warning("%s rejected response_format %r (%s); retrying with less", self.name, kind,
-                                       redact(exc.message))
+                        logger.warning(
+                            "%s rejected response_format %r (%s); retrying with less",
+                            self.name,
+                            kind,
+                            redact(exc.message),
+                        )
                         self._rejected_formats.add(kind)
                     continue
                 if not _is_transient_status(exc.status_code) or _quota_used_up(exc):
                     # A used-up quota is a 429 that waiting does not cure.
-                    raise LLMRequestError(f"{self.name}: request rejected: {redact(exc.message)}",
-                                          exc.status_code) from _keyless(exc)
+                    raise refused_request_error(
+                        exc.status_code,
+                        f"{self.name}: request rejected: {redact(exc.message)}",
+                        code=_error_code(exc),
+                        **_details_of(exc, self.name),
+                    ) from _keyless(exc)
                 last_error = exc
                 if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
                     # Rate limited: wait as asked (with jitter), without using up a retry.
@@ -227,9 +247,15 @@ class RemoteChatModel(Model):
             )
             await asyncio.sleep(delay)
         self._limits.record_actual(handle, 0)
-        raise LLMUnavailableError(
+        raise unavailable_error(
             f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}",
-            attempts=attempt,
+            attempt,
+            status=getattr(last_error, "status_code", None),
+            timed_out=isinstance(last_error, openai.APITimeoutError),
+            malformed=isinstance(
+                last_error, (_MalformedReply, json.JSONDecodeError, openai.APIResponseValidationError)
+            ),
+            **_details_of(last_error, self.name),
         ) from _keyless(last_error)
 
     def _to_completion(self, body: Any, prompt_estimate: int) -> Completion:
@@ -245,8 +271,10 @@ class RemoteChatModel(Model):
         prompt = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
         completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
         # A count missing or invalid is estimated, so a reply cannot make a call free.
-        tokens = TokenUsage(prompt_tokens=prompt_estimate if prompt is None else prompt,
-                            completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion)
+        tokens = TokenUsage(
+            prompt_tokens=prompt_estimate if prompt is None else prompt,
+            completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion,
+        )
         return Completion(
             texts=texts,
             finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
@@ -293,12 +321,33 @@ def _about_response_format(exc: openai.APIStatusError) -> bool:
     return any(word in text for word in _FORMAT_WORDS)
 
 
-def _quota_used_up(exc: openai.APIStatusError) -> bool:
-    """A 429 that says the account's quota is used up (the SDK puts the error's code on the
-    exception; LiteLLM keeps it in the error body)."""
+def _error_codes(exc: openai.APIStatusError) -> tuple[Any, ...]:
+    """The error's code and type (the SDK puts the code on the exception; LiteLLM keeps it
+    in the error body)."""
     body = exc.body if isinstance(exc.body, dict) else {}
     body = body.get("error", body) if isinstance(body.get("error"), dict) else body
-    return "insufficient_quota" in (getattr(exc, "code", None), body.get("code"), body.get("type"))
+    return getattr(exc, "code", None), body.get("code"), body.get("type")
+
+
+def _error_code(exc: openai.APIStatusError) -> str | None:
+    """The first error code the server gave, as text."""
+    return next((str(code) for code in _error_codes(exc) if code), None)
+
+
+def _quota_used_up(exc: openai.APIStatusError) -> bool:
+    """A 429 that says the account's quota is used up."""
+    return "insufficient_quota" in _error_codes(exc)
+
+
+def _details_of(error: BaseException | None, model: str) -> dict[str, Any]:
+    """What an `LLMError` carries about the failed request: model, request id, retry-after."""
+    response = getattr(error, "response", None)
+    headers = getattr(response, "headers", None) if response is not None else None
+    return {
+        "model": model,
+        "request_id": getattr(error, "request_id", None),
+        "retry_after": retry_after_seconds(headers) if headers is not None else None,
+    }
 
 
 def _keyless(error: BaseException | None) -> BaseException | None:

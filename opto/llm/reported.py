@@ -38,16 +38,24 @@ def reported_tokens(value: Any, *, field: str, source: str) -> int | None:
         _ignored[source] += 1
         count = _ignored[source]
     if math.log10(count).is_integer():
-        logger.warning("ignored an invalid token count from %s: %s=%r (a count must be a whole number >= 0); "
-                       "%d ignored from %s so far", source, field, value, count, source)
+        logger.warning(
+            "ignored an invalid token count from %s: %s=%r (a count must be a whole number >= 0); "
+            "%d ignored from %s so far",
+            source,
+            field,
+            value,
+            count,
+            source,
+        )
     return None
 
 
 def reported_usage(prompt_tokens: Any, completion_tokens: Any, *, source: str) -> TokenUsage:
     """A `TokenUsage` from reported counts; an invalid or missing count is 0."""
-    return TokenUsage(prompt_tokens=reported_tokens(prompt_tokens, field="prompt_tokens", source=source) or 0,
-                      completion_tokens=reported_tokens(completion_tokens, field="completion_tokens",
-                                                        source=source) or 0)
+    return TokenUsage(
+        prompt_tokens=reported_tokens(prompt_tokens, field="prompt_tokens", source=source) or 0,
+        completion_tokens=reported_tokens(completion_tokens, field="completion_tokens", source=source) or 0,
+    )
 
 
 def ignored_token_counts() -> dict[str, int]:

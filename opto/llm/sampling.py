@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
+from ..errors import OptoValueError
+
 __all__ = ["Sampling", "current_sampling", "sampling"]
 
 
@@ -32,7 +34,7 @@ _CURRENT: contextvars.ContextVar[Sampling | None] = contextvars.ContextVar("opto
 def sampling(*, temperature: float | None = None, seed: int | None = None) -> Iterator[Sampling]:
     """Override the temperature and seed of every model call made inside the block."""
     if temperature is not None and not 0.0 <= temperature <= 2.0:
-        raise ValueError(f"temperature must be within [0, 2], got {temperature}")
+        raise OptoValueError(f"temperature must be within [0, 2], got {temperature}")
     token = _CURRENT.set(Sampling(temperature=temperature, seed=seed))
     try:
         yield _CURRENT.get()  # type: ignore[misc]

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
+from ..errors import OptoTypeError
 from .base import Model
 from .errors import LLMError, LLMRequestError
 from .types import Completion, Message, TokenUsage, ToolCall
@@ -42,7 +43,7 @@ class ScriptedModel(Model):
             self._fn: Callable[[list[Message]], Any] | None = responses
             self._script: list[ScriptItem] = []
         elif isinstance(responses, (str, bytes)):
-            raise TypeError("ScriptedModel takes a list of replies or a callable, not a single string")
+            raise OptoTypeError("ScriptedModel takes a list of replies or a callable, not a single string")
         else:
             self._fn = None
             self._script = list(responses)
@@ -70,17 +71,24 @@ class ScriptedModel(Model):
                 finish = item.finish_reason if item.truncated else finish
                 item, sample_calls, sample_tokens = item.text, item.tool_calls, item.logprobs
             if not isinstance(item, str):
-                raise TypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
+                raise OptoTypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
             if sample_calls and "tools" not in kwargs:
-                raise LLMRequestError(f"ScriptedModel {self.name!r}: a scripted tool call answers a request "
-                                      "without tools=")
+                raise LLMRequestError(
+                    f"ScriptedModel {self.name!r}: a scripted tool call answers a request without tools="
+                )
             texts.append(item)
             calls.append(sample_calls)
             tokens.append(sample_tokens if kwargs.get("logprobs") else [])
         prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
         usage = TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
-        return Completion(texts=texts, finish_reason=finish, usage=usage, model=self.name,
-                          sample_tool_calls=calls if any(calls) else [], sample_logprobs=tokens if any(tokens) else [])
+        return Completion(
+            texts=texts,
+            finish_reason=finish,
+            usage=usage,
+            model=self.name,
+            sample_tool_calls=calls if any(calls) else [],
+            sample_logprobs=tokens if any(tokens) else [],
+        )
 
     async def _next(self, messages: list[Message]) -> Any:
         if self._fn is not None:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import OptoValueError
 from .types import Completion, Message, ToolCall, content_text, tool_calls_of
 
 __all__ = ["LLMCall", "bounded_trace", "clip_middle", "record_call", "record_llm_calls", "tool_result"]
@@ -60,8 +61,9 @@ def record_llm_calls() -> Iterator[list[LLMCall]]:
         _TRACE.reset(token)
 
 
-def record_call(model: str, messages: list[Message], completion: Completion,
-                tools: list[dict[str, Any]] | None = None) -> None:
+def record_call(
+    model: str, messages: list[Message], completion: Completion, tools: list[dict[str, Any]] | None = None
+) -> None:
     """Append one call to the current run's trace (nothing happens outside a run)."""
     calls = _TRACE.get()
     if calls is not None:
@@ -91,12 +93,13 @@ def tool_result(call: ToolCall | dict[str, Any] | Any, result: Any) -> Message:
             messages.append(tool_result(call, run_tool(call.name, json.loads(call.arguments))))
     """
     if isinstance(call, dict) and "name" in call:
-        call = ToolCall(id=str(call.get("id") or ""), name=str(call["name"]),
-                        arguments=str(call.get("arguments") or "{}"))
+        call = ToolCall(
+            id=str(call.get("id") or ""), name=str(call["name"]), arguments=str(call.get("arguments") or "{}")
+        )
     elif not isinstance(call, ToolCall):
         found = tool_calls_of({"tool_calls": [call]})
         if not found:
-            raise ValueError(f"tool_result needs a tool call with a function name, got {call!r}")
+            raise OptoValueError(f"tool_result needs a tool call with a function name, got {call!r}")
         call = found[0]
     content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
     calls = _TRACE.get()
@@ -114,7 +117,7 @@ def bounded_trace(trace: list[LLMCall], max_chars: int) -> list[LLMCall]:
     without a note saying so.
     """
     if max_chars <= 0:
-        raise ValueError(f"max_chars must be > 0, got {max_chars}")
+        raise OptoValueError(f"max_chars must be > 0, got {max_chars}")
     text_limit = max(200, max_chars // 4)
     entries = [_clip_entry(entry, text_limit) for entry in trace]
     sizes = [len(json.dumps(entry, ensure_ascii=False, default=str)) for entry in entries]
@@ -143,7 +146,7 @@ def clip_middle(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     keep = max(0, limit - 60) // 2
-    return f"{text[:keep]}[... {len(text) - 2 * keep} characters cut ...]{text[len(text) - keep:]}"
+    return f"{text[:keep]}[... {len(text) - 2 * keep} characters cut ...]{text[len(text) - keep :]}"
 
 
 def _clip_entry(entry: LLMCall, limit: int) -> LLMCall:
@@ -154,8 +157,11 @@ def _clip_entry(entry: LLMCall, limit: int) -> LLMCall:
             result["input"] = clip_middle(str(result["input"]), limit)
         return {"tool_result": result}
     clipped = dict(entry)
-    clipped["messages"] = [{**m, "content": clip_middle(content_text(m.get("content")), limit)}
-                           for m in entry.get("messages") or [] if isinstance(m, dict)]
+    clipped["messages"] = [
+        {**m, "content": clip_middle(content_text(m.get("content")), limit)}
+        for m in entry.get("messages") or []
+        if isinstance(m, dict)
+    ]
     clipped["response"] = clip_middle(str(entry.get("response", "")), limit)
     clipped.pop("tools", None)  # the definitions are the agent's code, not its behaviour: names suffice
     if entry.get("tools"):

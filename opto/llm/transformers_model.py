@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingFileError, OptoValueError
 from .base import Model
-from .errors import LLMError, LLMRequestError
+from .errors import LLMError, UnsupportedRequestError
 from .types import Completion, Message, TokenUsage
 
 __all__ = ["TransformersModel", "embedded_model_folder"]
@@ -66,7 +67,10 @@ class TransformersModel(Model):
             gather for the next.
         max_tokens: the reply's token limit when a call gives none.
         name: the model's name in usage, traces and caches (default: the folder's name).
-        cache, budget, prices: see `Model`.
+        cache: a `ResponseCache` (None: no caching).
+        budget: a `Budget` every call is checked against before it runs.
+        prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}, for a
+            cost objective (see `Model`).
 
     Tools and constrained JSON are not supported: a call with `tools` is refused, and a
     `response_format` is only a request the prompt already makes.
@@ -92,11 +96,11 @@ class TransformersModel(Model):
         if path.suffix == ".gguf" and gguf_file is None:
             path, gguf_file = path.parent, path.name
         if not path.exists():
-            raise FileNotFoundError(f"TransformersModel: no model at {path}")
+            raise MissingFileError(f"TransformersModel: no model at {path}")
         if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            raise OptoValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait < 0:
-            raise ValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
+            raise OptoValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         adapter_path = Path(adapter) if adapter is not None else None
         if adapter_path is None and (path / "adapter_config.json").exists():
             adapter_path, path = path, Path(_adapter_base(path))
@@ -134,12 +138,16 @@ class TransformersModel(Model):
         except (OSError, ValueError) as exc:
             raise LLMError(f"TransformersModel: {where} is not a Hugging Face model folder: {exc}") from exc
         if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
-            raise LLMError(f"TransformersModel: {where} holds a {type(config).__name__}, not a causal language "
-                           "model (one that generates text, e.g. Llama, Qwen, SmolLM)")
+            raise LLMError(
+                f"TransformersModel: {where} holds a {type(config).__name__}, not a causal language "
+                "model (one that generates text, e.g. Llama, Qwen, SmolLM)"
+            )
         if not getattr(tokenizer, "chat_template", None):
-            raise LLMError(f"TransformersModel: the tokenizer in {where} has no chat template, so chat messages "
-                           "cannot be turned into a prompt; use an instruct model, or set tokenizer.chat_template "
-                           "and save it there")
+            raise LLMError(
+                f"TransformersModel: the tokenizer in {where} has no chat template, so chat messages "
+                "cannot be turned into a prompt; use an instruct model, or set tokenizer.chat_template "
+                "and save it there"
+            )
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = self.dtype if self.dtype is not None else (torch.float32 if device == "cpu" else "auto")
         if isinstance(dtype, str) and dtype != "auto":
@@ -156,19 +164,34 @@ class TransformersModel(Model):
 
     # Generation ---------------------------------------------------------------------------
 
-    async def _generate(self, messages: list[Message], *, response_format: dict[str, Any] | None,
-                        temperature: float | None, max_tokens: int | None, n: int, seed: int | None,
-                        **optional: Any) -> Completion:
+    async def _generate(
+        self,
+        messages: list[Message],
+        *,
+        response_format: dict[str, Any] | None,
+        temperature: float | None,
+        max_tokens: int | None,
+        n: int,
+        seed: int | None,
+        **optional: Any,
+    ) -> Completion:
         if optional.get("tools"):
-            raise LLMRequestError(f"{self.name}: TransformersModel does not call tools; use a model served "
-                                  "behind an OpenAI-compatible API for tool use")
+            raise UnsupportedRequestError(
+                f"{self.name}: TransformersModel does not call tools; use a model served "
+                "behind an OpenAI-compatible API for tool use"
+            )
         loop = asyncio.get_running_loop()
         # Once loaded, no hop to a thread: calls started together must reach the batch together.
         _, tokenizer, _ = self._loaded or await loop.run_in_executor(None, self.load)
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        settings = {"temperature": temperature, "max_tokens": max_tokens or self.max_tokens, "n": n, "seed": seed,
-                    "stop": tuple(optional["stop"]) if optional.get("stop") else (),
-                    "logprobs": bool(optional.get("logprobs"))}
+        settings = {
+            "temperature": temperature,
+            "max_tokens": max_tokens or self.max_tokens,
+            "n": n,
+            "seed": seed,
+            "stop": tuple(optional["stop"]) if optional.get("stop") else (),
+            "logprobs": bool(optional.get("logprobs")),
+        }
         key = (id(loop), *settings.values())
         batch = self._waiting.get(key)
         if batch is None:
@@ -212,9 +235,13 @@ class TransformersModel(Model):
         rows_of = [p for p in prompts for _ in range(n)]  # each sample a row: greedy decoding has no n
         inputs, shared = _inputs(torch, tokenizer, model, rows_of)
         sample = bool(settings["temperature"])
-        kwargs: dict[str, Any] = {"max_new_tokens": settings["max_tokens"],
-                                  "do_sample": sample, "pad_token_id": tokenizer.pad_token_id,
-                                  "return_dict_in_generate": True, "output_scores": settings["logprobs"]}
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": settings["max_tokens"],
+            "do_sample": sample,
+            "pad_token_id": tokenizer.pad_token_id,
+            "return_dict_in_generate": True,
+            "output_scores": settings["logprobs"],
+        }
         if sample:
             kwargs.update(temperature=settings["temperature"], top_k=0, top_p=1.0)
         if settings["stop"]:
@@ -226,8 +253,11 @@ class TransformersModel(Model):
             out = model.generate(**inputs, **kwargs)
         width = inputs["input_ids"].shape[1]
         new = out.sequences[:, width:]
-        scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True) \
-            if settings["logprobs"] else None
+        scores = (
+            model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+            if settings["logprobs"]
+            else None
+        )
         completions = []
         for index in range(len(prompts)):
             rows = range(index * n, (index + 1) * n)
@@ -242,13 +272,20 @@ class TransformersModel(Model):
                 reasons.append("length" if cut_by_limit else "stop")
                 tokens += length
                 if scores is not None:
-                    sampled.append([{"token": tokenizer.decode([ids[i]]), "logprob": float(scores[row][i])}
-                                    for i in range(length)])
-            completions.append(Completion(
-                texts=texts, finish_reason="length" if "length" in reasons else "stop", model=self.name,
-                usage=TokenUsage(prompt_tokens=int(inputs["attention_mask"][index * n].sum()),
-                                 completion_tokens=tokens),
-                sample_logprobs=sampled))
+                    sampled.append(
+                        [{"token": tokenizer.decode([ids[i]]), "logprob": float(scores[row][i])} for i in range(length)]
+                    )
+            completions.append(
+                Completion(
+                    texts=texts,
+                    finish_reason="length" if "length" in reasons else "stop",
+                    model=self.name,
+                    usage=TokenUsage(
+                        prompt_tokens=int(inputs["attention_mask"][index * n].sum()), completion_tokens=tokens
+                    ),
+                    sample_logprobs=sampled,
+                )
+            )
         return completions
 
     async def aclose(self) -> None:
@@ -281,8 +318,10 @@ def _inputs(torch: Any, tokenizer: Any, model: Any, rows: list[str]) -> tuple[di
     pad = tokenizer.pad_token_id
     input_ids = [row[:shared] + [pad] * (width - len(row) + shared) + row[shared:] for row in ids]
     mask = [[1] * shared + [0] * (width - len(row) + shared) + [1] * (len(row) - shared) for row in ids]
-    return {"input_ids": torch.tensor(input_ids, device=model.device),
-            "attention_mask": torch.tensor(mask, device=model.device)}, shared
+    return {
+        "input_ids": torch.tensor(input_ids, device=model.device),
+        "attention_mask": torch.tensor(mask, device=model.device),
+    }, shared
 
 
 def _prefix_cache(model: Any, input_ids: Any, shared: int) -> dict[str, Any]:
@@ -323,8 +362,10 @@ def _adapter_base(adapter: Path) -> str:
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path")
     if not base:
-        raise LLMError(f"TransformersModel: {adapter} is a LoRA adapter that names no base model; pass the base "
-                       "as path= and the adapter as adapter=")
+        raise LLMError(
+            f"TransformersModel: {adapter} is a LoRA adapter that names no base model; pass the base "
+            "as path= and the adapter as adapter="
+        )
     return str(base)
 
 
@@ -336,13 +377,16 @@ def _with_adapter(model: Any, adapter: Path, base: Path) -> Any:
         raise LLMError(f"a LoRA adapter needs peft: {_INSTALL_HINT}") from exc
     named = _adapter_base(adapter)
     if Path(named).exists() and Path(named).resolve() != base.resolve():
-        raise LLMError(f"TransformersModel: the adapter {adapter} was trained on {named}, not on {base}; pass that "
-                       "base as path=")
+        raise LLMError(
+            f"TransformersModel: the adapter {adapter} was trained on {named}, not on {base}; pass that base as path="
+        )
     try:
         return PeftModel.from_pretrained(model, str(adapter))
     except (RuntimeError, ValueError, KeyError) as exc:  # shapes or module names of another base
-        raise LLMError(f"TransformersModel: the adapter {adapter} does not fit {base} (trained on another base "
-                       f"model?): {str(exc)[:300]}") from exc
+        raise LLMError(
+            f"TransformersModel: the adapter {adapter} does not fit {base} (trained on another base "
+            f"model?): {str(exc)[:300]}"
+        ) from exc
 
 
 def embedded_model_folder(cache_dir: str | Path | None = None) -> Path:

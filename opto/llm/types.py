@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import OptoValueError
+
 __all__ = [
     "Completion",
     "Message",
@@ -113,19 +115,21 @@ def validate_messages(messages: Any) -> list[Message]:
     needs the "tool_call_id" it answers.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        raise OptoValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     checked: list[Message] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
-            raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
+            raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
         if message["role"] not in _ROLES:
-            raise ValueError(f"messages[{index}] has unknown role {message['role']!r}; use one of {sorted(_ROLES)}")
+            raise OptoValueError(f"messages[{index}] has unknown role {message['role']!r}; use one of {sorted(_ROLES)}")
         calls_tools = message["role"] == "assistant" and bool(message.get("tool_calls"))
         if "content" not in message and not calls_tools:
-            raise ValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
+            raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
         if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise ValueError(f"messages[{index}] is a tool message without the 'tool_call_id' of the call it "
-                             "answers; make it with opto.llm.tool_result(call, result)")
+            raise OptoValueError(
+                f"messages[{index}] is a tool message without the 'tool_call_id' of the call it "
+                "answers; make it with opto.llm.tool_result(call, result)"
+            )
         copy = dict(message)
         if isinstance(copy.get("content"), str):
             copy["content"] = valid_unicode(copy["content"])
@@ -143,8 +147,13 @@ def tool_calls_of(message: Any) -> list[ToolCall]:
         arguments = function.get("arguments") if isinstance(function, dict) else getattr(function, "arguments", None)
         call_id = item.get("id") if isinstance(item, dict) else getattr(item, "id", None)
         if name:
-            calls.append(ToolCall(id=str(call_id or ""), name=str(name),
-                                  arguments=arguments if isinstance(arguments, str) else json.dumps(arguments or {})))
+            calls.append(
+                ToolCall(
+                    id=str(call_id or ""),
+                    name=str(name),
+                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
+                )
+            )
     return calls
 
 
@@ -165,5 +174,3 @@ def valid_unicode(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
-
-

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..errors import OptoValueError
 from .errors import BudgetExceeded
 from .shared_limits import Link, current_hub
 from .types import TokenUsage
@@ -84,7 +85,7 @@ class Budget:
     ) -> None:
         for label, limit in (("max_calls", max_calls), ("max_tokens", max_tokens), ("max_cost_usd", max_cost_usd)):
             if limit is not None and limit < 0:
-                raise ValueError(f"Budget {label} must be >= 0, got {limit}")
+                raise OptoValueError(f"Budget {label} must be >= 0, got {limit}")
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.max_cost_usd = max_cost_usd
@@ -326,8 +327,9 @@ async def areserve_all(budgets: list[Budget], prompt_tokens: int, price: Price |
     return reservations
 
 
-def settle_all(budgets: list[Budget], reservations: list[tuple[int, float]], usage: TokenUsage | None,
-               price: Price | None) -> None:
+def settle_all(
+    budgets: list[Budget], reservations: list[tuple[int, float]], usage: TokenUsage | None, price: Price | None
+) -> None:
     for budget, reservation in zip(budgets, reservations):
         budget.settle(reservation, usage, price)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..errors import OptoValueError
 from .pairs import BuilderStats, PreferencePairBuilder
 from .split import train_validation_split
 from .trajectories import GroupStats, read_groups
@@ -78,11 +79,13 @@ def export_run(
     if run_dir.name == "ledger.jsonl" and run_dir.is_file():
         run_dir = run_dir.parent  # the ledger itself was named: its run directory is meant
     if not Path(out).parent.is_dir():
-        raise ValueError(f"the folder of --out {out} does not exist; create it first (mkdir -p {Path(out).parent})")
+        raise OptoValueError(f"the folder of --out {out} does not exist; create it first (mkdir -p {Path(out).parent})")
     writer = get_writer(format, tokenizer=tokenizer, prompt=nemo_prompt)
     if min_score is not None and writer.kind != "supervised":
-        raise ValueError(f"--min-score picks replies for supervised data (format openai-sft), not for {format}"
-                         + ("; pairs are controlled by --min-score-diff" if writer.kind == "pairs" else ""))
+        raise OptoValueError(
+            f"--min-score picks replies for supervised data (format openai-sft), not for {format}"
+            + ("; pairs are controlled by --min-score-diff" if writer.kind == "pairs" else "")
+        )
     if writer.kind == "groups":
         return _export_groups(run_dir, out, writer, validation_fraction, seed)
     builder = builder or PreferencePairBuilder()
@@ -93,11 +96,26 @@ def export_run(
     else:
         items = builder.build(reading.turns)
     if not items:
-        raise ValueError(_nothing_exported(run_dir, source, builder.stats, reading.unscored,
-                                           supervised=writer.kind == "supervised", min_score=min_score))
+        raise OptoValueError(
+            _nothing_exported(
+                run_dir,
+                source,
+                builder.stats,
+                reading.unscored,
+                supervised=writer.kind == "supervised",
+                min_score=min_score,
+            )
+        )
     train, validation = train_validation_split(items, validation_fraction, seed=seed)
-    report = ExportReport(run_dir=str(run_dir), source=source, format=format, out=str(out),
-                          records=writer.write(train, out), stats=builder.stats, unused=reading.unscored)
+    report = ExportReport(
+        run_dir=str(run_dir),
+        source=source,
+        format=format,
+        out=str(out),
+        records=writer.write(train, out),
+        stats=builder.stats,
+        unused=reading.unscored,
+    )
     if validation_fraction > 0:
         target = validation_path(out)
         report.validation_out = str(target)
@@ -105,31 +123,48 @@ def export_run(
     return report
 
 
-def _export_groups(run_dir: Path, out: str | Path, writer: Any, validation_fraction: float,
-                   seed: int) -> ExportReport:
+def _export_groups(run_dir: Path, out: str | Path, writer: Any, validation_fraction: float, seed: int) -> ExportReport:
     """The "art" format: a run's rollouts as trajectory groups, one per example per step."""
     reading = read_groups(run_dir)
     stats = reading.stats
     if not reading.groups:
-        raise ValueError(f"no trajectory group could be exported from {run_dir}: {stats.summary()}; a group needs "
-                         "2+ scored rollouts of one example in one step with different rewards (validate candidates, "
-                         "or gather samples with opto collect --samples 4)")
+        raise OptoValueError(
+            f"no trajectory group could be exported from {run_dir}: {stats.summary()}; a group needs "
+            "2+ scored rollouts of one example in one step with different rewards (validate candidates, "
+            "or gather samples with opto collect --samples 4)"
+        )
     if stats.off_policy_trajectories:
-        logger.warning("%d of %d trajectories carry no logprobs: they are off-policy text for ART, which trains "
-                       "on them only with allow_training_without_logprobs (in effect advantage-weighted SFT); "
-                       "record logprobs with complete(..., logprobs=True) for on-policy GRPO",
-                       stats.off_policy_trajectories, stats.trajectories)
+        logger.warning(
+            "%d of %d trajectories carry no logprobs: they are off-policy text for ART, which trains "
+            "on them only with allow_training_without_logprobs (in effect advantage-weighted SFT); "
+            "record logprobs with complete(..., logprobs=True) for on-policy GRPO",
+            stats.off_policy_trajectories,
+            stats.trajectories,
+        )
     train, validation = train_validation_split(reading.groups, validation_fraction, seed=seed)
-    report = ExportReport(run_dir=str(run_dir), source="rollouts", format="art", out=str(out),
-                          records=writer.write(train, out), groups=stats)
+    report = ExportReport(
+        run_dir=str(run_dir),
+        source="rollouts",
+        format="art",
+        out=str(out),
+        records=writer.write(train, out),
+        groups=stats,
+    )
     if validation_fraction > 0:
         report.validation_out = str(validation_path(out))
         report.validation_records = writer.write(validation, validation_path(out))
     return report
 
 
-def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unused: dict[str, int], *,
-                      supervised: bool = False, min_score: float | None = None) -> str:
+def _nothing_exported(
+    run_dir: str | Path,
+    source: str,
+    stats: BuilderStats,
+    unused: dict[str, int],
+    *,
+    supervised: bool = False,
+    min_score: float | None = None,
+) -> str:
     hints = []
     if stats.turns == 0:
         hints.append("no scored turns were found")
@@ -138,18 +173,26 @@ def _nothing_exported(run_dir: str | Path, source: str, stats: BuilderStats, unu
     if source in ("optimizer", "all") and any(reason.startswith("optimizer") for reason in unused):
         hints.append("optimizer turns need AggregatedUpdate(..., score_proposals='instance') and num_proposals > 1")
     if stats.turns_skipped_single_candidate:
-        share = ("every turn" if stats.turns_skipped_single_candidate == stats.turns
-                 else f"{stats.turns_skipped_single_candidate} of {stats.turns} turns")
-        hints.append(f"{share} had a single candidate: use Optimizer(num_proposals=2) or "
-                     "Aggregator(num_candidates=2)" + (
-                         ", or --min-score X (min_score=X) to export every complete reply scoring at least X"
-                         if supervised else ""))
+        share = (
+            "every turn"
+            if stats.turns_skipped_single_candidate == stats.turns
+            else f"{stats.turns_skipped_single_candidate} of {stats.turns} turns"
+        )
+        hints.append(
+            f"{share} had a single candidate: use Optimizer(num_proposals=2) or "
+            "Aggregator(num_candidates=2)"
+            + (
+                ", or --min-score X (min_score=X) to export every complete reply scoring at least X"
+                if supervised
+                else ""
+            )
+        )
     if min_score is not None and stats.candidates_below_min_score:
         hints.append(f"{stats.candidates_below_min_score} complete replies scored below --min-score {min_score}")
     if stats.pairs_skipped_small_diff:
-        hints.append(f"{stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than "
-                     "--min-score-diff")
+        hints.append(f"{stats.pairs_skipped_small_diff} candidate pairs tied or differed by less than --min-score-diff")
     if stats.pairs_skipped_truncated:
         hints.append(f"{stats.pairs_skipped_truncated} pairs would have chosen a reply cut at max_tokens")
     return f"no preference data could be exported from {run_dir} (source {source}): {stats.summary()}" + (
-        "; " + "; ".join(hints) if hints else "")
+        "; " + "; ".join(hints) if hints else ""
+    )

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..errors import OptoValueError
 from .turns import Turn, TurnCandidate
 
 __all__ = ["BuilderStats", "PreferencePair", "PreferencePairBuilder", "SupervisedExample"]
@@ -72,14 +73,20 @@ class BuilderStats(BaseModel):
     by_source: dict[str, int] = Field(default_factory=dict)
 
     def summary(self) -> str:
-        parts = [f"{self.turns} turns", f"{self.candidates} candidates", f"{self.pairs} pairs",
-                 f"{self.turns_skipped_single_candidate} turns skipped (single candidate)",
-                 f"{self.pairs_skipped_small_diff} pairs skipped (score difference too small or a tie)"]
+        parts = [
+            f"{self.turns} turns",
+            f"{self.candidates} candidates",
+            f"{self.pairs} pairs",
+            f"{self.turns_skipped_single_candidate} turns skipped (single candidate)",
+            f"{self.pairs_skipped_small_diff} pairs skipped (score difference too small or a tie)",
+        ]
         if self.pairs_cut_by_max:
             parts.append(f"{self.pairs_cut_by_max} pairs over max_pairs_per_turn")
         if self.truncated_candidates:
-            parts.append(f"{self.truncated_candidates} truncated responses (cut at max_tokens; never chosen), "
-                         f"{self.pairs_skipped_truncated} pairs skipped for it")
+            parts.append(
+                f"{self.truncated_candidates} truncated responses (cut at max_tokens; never chosen), "
+                f"{self.pairs_skipped_truncated} pairs skipped for it"
+            )
         if self.candidates_below_min_score:
             parts.append(f"{self.candidates_below_min_score} responses below min_score")
         if self.duplicate_candidates_merged:
@@ -122,9 +129,9 @@ class PreferencePairBuilder:
         deduplicate: bool = True,
     ) -> None:
         if min_score_diff < 0:
-            raise ValueError(f"min_score_diff must be >= 0, got {min_score_diff}")
+            raise OptoValueError(f"min_score_diff must be >= 0, got {min_score_diff}")
         if max_pairs_per_turn is not None and max_pairs_per_turn < 1:
-            raise ValueError(f"max_pairs_per_turn must be >= 1 or None, got {max_pairs_per_turn}")
+            raise OptoValueError(f"max_pairs_per_turn must be >= 1 or None, got {max_pairs_per_turn}")
         self.exhaustive_pairs = exhaustive_pairs
         self.min_score_diff = min_score_diff
         self.max_pairs_per_turn = max_pairs_per_turn
@@ -190,11 +197,19 @@ class PreferencePairBuilder:
     def _pair(self, turn: Turn, chosen: TurnCandidate, rejected: TurnCandidate) -> PreferencePair:
         diff = chosen.score - rejected.score
         return PreferencePair(
-            turn_id=turn.turn_id, source=turn.source, step=turn.step, example_id=turn.example_id,
-            prompt=turn.prompt, chosen=chosen.response, rejected=rejected.response,
-            chosen_score=chosen.score, rejected_score=rejected.score,
+            turn_id=turn.turn_id,
+            source=turn.source,
+            step=turn.step,
+            example_id=turn.example_id,
+            prompt=turn.prompt,
+            chosen=chosen.response,
+            rejected=rejected.response,
+            chosen_score=chosen.score,
+            rejected_score=rejected.score,
             reward=diff if self.reward_from_score_diff else 1.0,
-            chosen_ref=chosen.ref, rejected_ref=rejected.ref, tools=turn.tools,
+            chosen_ref=chosen.ref,
+            rejected_ref=rejected.ref,
+            tools=turn.tools,
         )
 
     # ------------------------------------------------------------------ supervised
@@ -231,9 +246,18 @@ class PreferencePairBuilder:
             for best in chosen:
                 if self.deduplicate and not _first_time([turn.prompt, best.response], seen, stats):
                     continue
-                examples.append(SupervisedExample(turn_id=turn.turn_id, source=turn.source, step=turn.step,
-                                                  example_id=turn.example_id, prompt=turn.prompt,
-                                                  response=best.response, score=best.score, tools=turn.tools))
+                examples.append(
+                    SupervisedExample(
+                        turn_id=turn.turn_id,
+                        source=turn.source,
+                        step=turn.step,
+                        example_id=turn.example_id,
+                        prompt=turn.prompt,
+                        response=best.response,
+                        score=best.score,
+                        tools=turn.tools,
+                    )
+                )
         return _finish(examples, stats, "best responses")
 
     def _stands_out(self, best: TurnCandidate, ranked: Sequence[TurnCandidate], stats: BuilderStats) -> bool:
@@ -276,9 +300,14 @@ def _merge_identical(candidates: Sequence[TurnCandidate]) -> list[TurnCandidate]
     for candidate in candidates:
         groups.setdefault(candidate.response, []).append(candidate)
     return [
-        group[0] if len(group) == 1 else TurnCandidate(
-            response=group[0].response, score=sum(c.score for c in group) / len(group),
-            ref=",".join(c.ref for c in group), truncated=any(c.truncated for c in group))
+        group[0]
+        if len(group) == 1
+        else TurnCandidate(
+            response=group[0].response,
+            score=sum(c.score for c in group) / len(group),
+            ref=",".join(c.ref for c in group),
+            truncated=any(c.truncated for c in group),
+        )
         for group in groups.values()
     ]
 

@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import OptoError
+from ..errors import MissingFileError, OptoError, OptoValueError
 from .trajectories import episode_problem
 
 __all__ = [
@@ -80,13 +80,17 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _fits_the_format(self) -> ChatMessage:
         if self.role not in self.ROLES:
-            raise ValueError(f"role {self.role!r} is not accepted by {self.FORMAT}; use one of {', '.join(self.ROLES)}")
+            raise OptoValueError(
+                f"role {self.role!r} is not accepted by {self.FORMAT}; use one of {', '.join(self.ROLES)}"
+            )
         if self.tool_calls and self.role != "assistant":
-            raise ValueError(f"only an assistant message may carry tool_calls, not a {self.role!r} one")
+            raise OptoValueError(f"only an assistant message may carry tool_calls, not a {self.role!r} one")
         if self.content is None and not self.tool_calls:
-            raise ValueError("a message needs content (only an assistant message with tool_calls may have none)")
+            raise OptoValueError("a message needs content (only an assistant message with tool_calls may have none)")
         if self.role == "tool" and self.TOOL_CALL_ID_REQUIRED and not self.tool_call_id:
-            raise ValueError(f"{self.FORMAT} refuses a tool message without the tool_call_id of the call it answers")
+            raise OptoValueError(
+                f"{self.FORMAT} refuses a tool message without the tool_call_id of the call it answers"
+            )
         return self
 
 
@@ -121,23 +125,23 @@ class AssistantMessage(ChatMessage):
     @classmethod
     def _not_empty(cls, value: str) -> str:
         if not value.strip():
-            raise ValueError("an assistant reply must not be empty")
+            raise OptoValueError("an assistant reply must not be empty")
         return value
 
 
 def _check_prompt(messages: list[ChatMessage]) -> list[ChatMessage]:
     if not messages:
-        raise ValueError("the prompt needs at least one message")
+        raise OptoValueError("the prompt needs at least one message")
     if messages[-1].role == "assistant":
-        raise ValueError("the prompt must end with a user (or system) message, not an assistant reply")
+        raise OptoValueError("the prompt must end with a user (or system) message, not an assistant reply")
     if not any((m.content or "").strip() for m in messages):
-        raise ValueError("every prompt message is empty")
+        raise OptoValueError("every prompt message is empty")
     return messages
 
 
 def _differ(chosen: str, rejected: str) -> None:
     if chosen == rejected:
-        raise ValueError("the preferred and non-preferred responses are identical")
+        raise OptoValueError("the preferred and non-preferred responses are identical")
 
 
 class _Strict(BaseModel):
@@ -176,9 +180,9 @@ class OpenAISFTRecord(_Strict):
     @classmethod
     def _ends_with_reply(cls, messages: list[OpenAIMessage]) -> list[OpenAIMessage]:
         if len(messages) < 2:
-            raise ValueError("an example needs at least a prompt message and an assistant reply")
+            raise OptoValueError("an example needs at least a prompt message and an assistant reply")
         if messages[-1].role != "assistant" or not (messages[-1].content or "").strip():
-            raise ValueError("an example must end with a non-empty assistant reply")
+            raise OptoValueError("an example must end with a non-empty assistant reply")
         return messages
 
 
@@ -223,7 +227,7 @@ class NeMoPreferenceRecord(_Strict):
     def _prompt_ok(cls, value: str | list[NeMoMessage]) -> str | list[NeMoMessage]:
         if isinstance(value, str):
             if not value.strip():
-                raise ValueError("the prompt must not be empty")
+                raise OptoValueError("the prompt must not be empty")
             return value
         return _check_prompt(value)
 
@@ -247,13 +251,15 @@ class ARTTrajectoryRecord(BaseModel):
 
     @model_validator(mode="after")
     def _in_episode_order(self) -> ARTTrajectoryRecord:
-        histories = [self.messages_and_choices, *(h.get("messages_and_choices") or [] for h in
-                                                   self.additional_histories)]
+        histories = [
+            self.messages_and_choices,
+            *(h.get("messages_and_choices") or [] for h in self.additional_histories),
+        ]
         for index, history in enumerate(histories):
             problem = episode_problem(history)
             if problem is not None:
                 where = "messages_and_choices" if index == 0 else f"additional_histories.{index - 1}"
-                raise ValueError(f"{where}: {problem}")
+                raise OptoValueError(f"{where}: {problem}")
         return self
 
 
@@ -278,7 +284,7 @@ FORMATS: dict[str, type[BaseModel]] = {
 
 def _schema(fmt: str) -> type[BaseModel]:
     if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+        raise OptoValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     return FORMATS[fmt]
 
 
@@ -306,7 +312,7 @@ def validate_jsonl(path: str | Path, fmt: str, *, min_examples: int = 1) -> int:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise MissingFileError(f"dataset file not found: {path}")
     count = 0
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):

@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from ..errors import OptoValueError
+
 __all__ = ["train_validation_split"]
 
 T = TypeVar("T")
@@ -23,7 +25,7 @@ def train_validation_split(
     more; never all of them). The same seed and items give the same split.
     """
     if not 0.0 <= validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be within [0, 1), got {validation_fraction}")
+        raise OptoValueError(f"validation_fraction must be within [0, 1), got {validation_fraction}")
     rng = random.Random(seed)
     groups: dict[str, list[T]] = {}
     for item in items:

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..errors import MissingFileError, OptoValueError
 from ..ledger import RunDir
 from ..llm.types import ToolCall, content_text, tool_calls_of
 
@@ -106,8 +107,9 @@ class GroupReading(BaseModel):
     stats: GroupStats = Field(default_factory=GroupStats)
 
 
-def read_groups(run: RunDir | str | Path | Sequence[dict[str, Any]], *, min_group_size: int = 2,
-                keep_constant_rewards: bool = False) -> GroupReading:
+def read_groups(
+    run: RunDir | str | Path | Sequence[dict[str, Any]], *, min_group_size: int = 2, keep_constant_rewards: bool = False
+) -> GroupReading:
     """Trajectory groups from a run: one per example per step (see the module's docstring).
 
     Args:
@@ -117,7 +119,7 @@ def read_groups(run: RunDir | str | Path | Sequence[dict[str, Any]], *, min_grou
             nothing from them; other methods may).
     """
     if min_group_size < 1:
-        raise ValueError(f"min_group_size must be >= 1, got {min_group_size}")
+        raise OptoValueError(f"min_group_size must be >= 1, got {min_group_size}")
     records = _records(run)
     reading = GroupReading()
     stats = reading.stats
@@ -181,7 +183,7 @@ def _records(run: RunDir | str | Path | Sequence[dict[str, Any]]) -> list[dict[s
         if path.name == "ledger.jsonl" and path.is_file():
             path = path.parent
         if not (path / "ledger.jsonl").is_file():
-            raise FileNotFoundError(f"{path} has no ledger.jsonl: pass the run_dir of a training or collect run")
+            raise MissingFileError(f"{path} has no ledger.jsonl: pass the run_dir of a training or collect run")
         return RunDir(path).ledger()
     return list(run)
 
@@ -206,13 +208,20 @@ def _trajectory(record: dict[str, Any], stats: GroupStats) -> Trajectory | None:
             return None
     last = histories[-1]
     return Trajectory(
-        messages_and_choices=last["messages_and_choices"], tools=last["tools"], additional_histories=histories[:-1],
+        messages_and_choices=last["messages_and_choices"],
+        tools=last["tools"],
+        additional_histories=histories[:-1],
         reward=float(score),
         metrics={"score": float(score), "model_calls": len(calls), "truncated": any(c.get("truncated") for c in calls)},
-        metadata={"step": int(record.get("step", 0)), "phase": str(record.get("phase", "")),
-                  "example_id": str(record.get("instance_id", "")), "candidate_id": record.get("candidate_id"),
-                  "proposal_id": record.get("proposal_id"), "sample": record.get("sample"),
-                  "values_hash": record.get("values_hash")},
+        metadata={
+            "step": int(record.get("step", 0)),
+            "phase": str(record.get("phase", "")),
+            "example_id": str(record.get("instance_id", "")),
+            "candidate_id": record.get("candidate_id"),
+            "proposal_id": record.get("proposal_id"),
+            "sample": record.get("sample"),
+            "values_hash": record.get("values_hash"),
+        },
     )
 
 
@@ -222,8 +231,12 @@ def _history(call: dict[str, Any]) -> dict[str, Any]:
     reply: dict[str, Any] = {"role": "assistant", "content": content_text(call.get("response"))}
     if call.get("tool_calls"):
         reply["tool_calls"] = [_wire_tool_call(c) for c in call["tool_calls"]]
-    choice = {"finish_reason": _finish_reason(call), "index": 0, "message": reply,
-              "logprobs": {"content": call["logprobs"]} if call.get("logprobs") else None}
+    choice = {
+        "finish_reason": _finish_reason(call),
+        "index": 0,
+        "message": reply,
+        "logprobs": {"content": call["logprobs"]} if call.get("logprobs") else None,
+    }
     return {"messages_and_choices": [*messages, choice], "tools": call.get("tools") or None}
 
 

@@ -50,6 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .._io import json_key
+from ..errors import MissingFileError, OptoValueError
 from ..ledger import RunDir
 from ..llm.types import content_text
 
@@ -104,7 +105,7 @@ def read_turns(run: RunDir | str | Path | Sequence[dict[str, Any]], source: str 
     if isinstance(run, (str, Path)):
         path = Path(run)
         if not (path / "ledger.jsonl").is_file():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{path} has no ledger.jsonl: pass the run_dir of a training run (train(..., run_dir=...))"
             )
         run = RunDir(path)
@@ -116,8 +117,13 @@ def read_turns(run: RunDir | str | Path | Sequence[dict[str, Any]], source: str 
         reading.turns.extend(_aggregator_turns(records, reading))
     if "agent" in sources:
         reading.turns.extend(_agent_turns(records, reading))
-    logger.info("read %d turns (%s) from %d ledger records; unused: %s",
-                len(reading.turns), source, len(records), reading.unscored or "none")
+    logger.info(
+        "read %d turns (%s) from %d ledger records; unused: %s",
+        len(reading.turns),
+        source,
+        len(records),
+        reading.unscored or "none",
+    )
     return reading
 
 
@@ -125,7 +131,7 @@ def _sources(source: str) -> tuple[str, ...]:
     if source == "all":
         return SOURCES
     if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)} or 'all', got {source!r}")
+        raise OptoValueError(f"source must be one of {', '.join(SOURCES)} or 'all', got {source!r}")
     return (source,)
 
 
@@ -175,10 +181,14 @@ def _optimizer_turns(records: list[dict[str, Any]], reading: TurnReading) -> lis
     scores = {r.get("proposal_id"): _score(r.get("score")) for r in _of_type(records, "proposal_score")}
     proposals = _of_type(records, "proposal")
     if proposals and not scores:
-        logger.warning("the run has proposals but no proposal_score records: optimizer turns need "
-                       "AggregatedUpdate(..., score_proposals='instance') (and num_proposals > 1)")
+        logger.warning(
+            "the run has proposals but no proposal_score records: optimizer turns need "
+            "AggregatedUpdate(..., score_proposals='instance') (and num_proposals > 1)"
+        )
     return _scored_turns(
-        "optimizer", proposals, reading,
+        "optimizer",
+        proposals,
+        reading,
         example_of=lambda r: str(r.get("instance_id", "")),
         score_of=lambda r: scores.get(r.get("proposal_id")),
         ref_of=lambda r: str(r.get("proposal_id")),
@@ -203,7 +213,9 @@ def _aggregator_turns(records: list[dict[str, Any]], reading: TurnReading) -> li
     # Intermediate group merges are never validated, so only final candidates count.
     finals = [r for r in _of_type(records, "candidate") if r.get("final", True)]
     return _scored_turns(
-        "aggregator", finals, reading,
+        "aggregator",
+        finals,
+        reading,
         example_of=lambda r: f"step-{int(r.get('step', 0))}",  # the prompt covers the whole batch
         score_of=score_of,
         ref_of=lambda r: str(r.get("candidate_id")),
@@ -240,10 +252,24 @@ def _scored_turns(
             if score is None:
                 reading.note(unscored)
                 continue
-            candidates.append(TurnCandidate(response=str(record.get("raw_response", "")), score=score,
-                                            ref=ref_of(record), truncated=bool(record.get("truncated"))))
-        turns.append(Turn(turn_id=_turn_id(source, step, prompt, example_id), source=source, step=step,
-                          example_id=example_id, prompt=prompt, candidates=candidates))
+            candidates.append(
+                TurnCandidate(
+                    response=str(record.get("raw_response", "")),
+                    score=score,
+                    ref=ref_of(record),
+                    truncated=bool(record.get("truncated")),
+                )
+            )
+        turns.append(
+            Turn(
+                turn_id=_turn_id(source, step, prompt, example_id),
+                source=source,
+                step=step,
+                example_id=example_id,
+                prompt=prompt,
+                candidates=candidates,
+            )
+        )
     return turns
 
 
@@ -270,17 +296,34 @@ def _agent_turns(records: list[dict[str, Any]], reading: TurnReading) -> list[Tu
             tools = call.get("tools") or None
             key = _key(step, example_id, visible, tools)
             meta.setdefault(key, (step, example_id, visible, tools))
-            groups[key].append((system, messages, TurnCandidate(
-                response=content_text(call.get("response")), score=score, ref=f"{ref}#call{position}",
-                truncated=bool(call.get("truncated")))))
+            groups[key].append(
+                (
+                    system,
+                    messages,
+                    TurnCandidate(
+                        response=content_text(call.get("response")),
+                        score=score,
+                        ref=f"{ref}#call{position}",
+                        truncated=bool(call.get("truncated")),
+                    ),
+                )
+            )
     turns = []
     for key, members in groups.items():
         step, example_id, visible, tools = meta[key]
         same_system = all(system == members[0][0] for system, _, _ in members)
         prompt = members[0][1] if same_system else visible
-        turns.append(Turn(turn_id=_turn_id("agent", step, prompt, example_id), source="agent", step=step,
-                          example_id=example_id, prompt=prompt, candidates=[c for _, _, c in members],
-                          tools=tools))
+        turns.append(
+            Turn(
+                turn_id=_turn_id("agent", step, prompt, example_id),
+                source="agent",
+                step=step,
+                example_id=example_id,
+                prompt=prompt,
+                candidates=[c for _, _, c in members],
+                tools=tools,
+            )
+        )
     return turns
 
 

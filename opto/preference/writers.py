@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from .._io import atomic_write_jsonl
+from ..errors import OptoTypeError, OptoValueError
 from .pairs import PreferencePair, SupervisedExample
 from .schemas import FORMATS, validate_record
 from .trajectories import TrajectoryGroup
@@ -33,8 +34,10 @@ __all__ = [
 
 def _messages(prompt: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The prompt's messages with what the formats know: role, content, tool calls and ids."""
-    return [{key: m[key] for key in ("role", "content", "tool_calls", "tool_call_id") if m.get(key) is not None}
-            for m in prompt]
+    return [
+        {key: m[key] for key in ("role", "content", "tool_calls", "tool_call_id") if m.get(key) is not None}
+        for m in prompt
+    ]
 
 
 def _with_tools(record: dict[str, Any], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -62,7 +65,9 @@ class Writer:
         records = []
         for index, item in enumerate(items):
             if not isinstance(item, expected):
-                raise TypeError(f"{type(self).__name__} writes {expected.__name__} items, got {type(item).__name__}")
+                raise OptoTypeError(
+                    f"{type(self).__name__} writes {expected.__name__} items, got {type(item).__name__}"
+                )
             record = self.to_record(item)
             try:
                 validate_record(record, self.format)
@@ -116,15 +121,17 @@ class TRLWriter(Writer):
 
     def __init__(self, *, tokenizer: Any = None) -> None:
         if tokenizer is None:
-            raise ValueError(
+            raise OptoValueError(
                 "the trl format needs the target model's chat template: pass tokenizer= (a tokenizer or its "
                 "model folder; --tokenizer PATH on the command line), or export trl-chat, which TRL renders "
-                "with the model's template itself")
+                "with the model's template itself"
+            )
         self.tokenizer = _load_tokenizer(tokenizer)
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
-        prompt = self.tokenizer.apply_chat_template(_messages(item.prompt), tools=item.tools, tokenize=False,
-                                                    add_generation_prompt=True)
+        prompt = self.tokenizer.apply_chat_template(
+            _messages(item.prompt), tools=item.tools, tokenize=False, add_generation_prompt=True
+        )
         return {"prompt": prompt, "chosen": item.chosen, "rejected": item.rejected}
 
 
@@ -134,8 +141,14 @@ class TRLChatWriter(Writer):
     format = "trl-chat"
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
-        return _with_tools({"prompt": _messages(item.prompt), "chosen": _assistant(item.chosen),
-                            "rejected": _assistant(item.rejected)}, item.tools)
+        return _with_tools(
+            {
+                "prompt": _messages(item.prompt),
+                "chosen": _assistant(item.chosen),
+                "rejected": _assistant(item.rejected),
+            },
+            item.tools,
+        )
 
 
 class NeMoWriter(Writer):
@@ -150,7 +163,7 @@ class NeMoWriter(Writer):
 
     def __init__(self, *, prompt: Literal["messages", "string"] = "messages") -> None:
         if prompt not in ("messages", "string"):
-            raise ValueError(f"prompt must be 'messages' or 'string', got {prompt!r}")
+            raise OptoValueError(f"prompt must be 'messages' or 'string', got {prompt!r}")
         self.prompt = prompt
 
     def to_record(self, item: PreferencePair) -> dict[str, Any]:
@@ -182,12 +195,12 @@ def get_writer(fmt: str, **options: Any) -> Writer:
     """The writer of a format name (see `opto.preference.schemas.FORMATS`), made with
     `options` (None values are left out): `tokenizer` for "trl", `prompt` for "nemo"."""
     if fmt not in _WRITERS:
-        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(_WRITERS)}")
+        raise OptoValueError(f"unknown format {fmt!r}; use one of {', '.join(_WRITERS)}")
     options = {key: value for key, value in options.items() if value is not None}
     try:
         return _WRITERS[fmt](**options)
     except TypeError:
-        raise ValueError(f"the {fmt} format takes no option {sorted(options)}") from None
+        raise OptoValueError(f"the {fmt} format takes no option {sorted(options)}") from None
 
 
 def _load_tokenizer(tokenizer: Any) -> Any:
@@ -196,12 +209,14 @@ def _load_tokenizer(tokenizer: Any) -> Any:
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:
-            raise ValueError("loading a tokenizer needs transformers: pip install 'opto-agents[trl]'") from exc
+            raise OptoValueError("loading a tokenizer needs transformers: pip install 'opto-agents[trl]'") from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         except (OSError, ValueError) as exc:
-            raise ValueError(f"could not load a tokenizer from {tokenizer}: {exc}") from exc
+            raise OptoValueError(f"could not load a tokenizer from {tokenizer}: {exc}") from exc
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this tokenizer has no chat template, so the trl prompt cannot be rendered as the model "
-                         "sees it; export trl-chat, or give the tokenizer of a chat model")
+        raise OptoValueError(
+            "this tokenizer has no chat template, so the trl prompt cannot be rendered as the model "
+            "sees it; export trl-chat, or give the tokenizer of a chat model"
+        )
     return tokenizer

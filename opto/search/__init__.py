@@ -29,8 +29,33 @@ from .merge import LineageMerge
 from .selection import CandidateSelector, EpsilonGreedy, Greedy, Pareto, TopK, make_selector
 from .tpe import TPEProposer
 
-__all__ = ["AllComponents", "CandidateSelector", "CandidateSource", "ComponentSelector", "DatasetValidation",
-           "EachProposal", "EpsilonGreedy", "Greedy", "HoldOut", "LineageMerge", "MergedAndEach", "MergedCandidates",
-           "MinibatchFirst", "MinibatchValidation", "NoValidation", "Pareto", "PerInstance", "ProposalBatching",
-           "Reflective", "RoundRobin", "TPEProposer", "TopK", "Validation", "focused", "make_batching",
-           "make_candidate_source", "make_component_selector", "make_selector"]
+__all__ = [
+    "AllComponents",
+    "CandidateSelector",
+    "CandidateSource",
+    "ComponentSelector",
+    "DatasetValidation",
+    "EachProposal",
+    "EpsilonGreedy",
+    "Greedy",
+    "HoldOut",
+    "LineageMerge",
+    "MergedAndEach",
+    "MergedCandidates",
+    "MinibatchFirst",
+    "MinibatchValidation",
+    "NoValidation",
+    "Pareto",
+    "PerInstance",
+    "ProposalBatching",
+    "Reflective",
+    "RoundRobin",
+    "TPEProposer",
+    "TopK",
+    "Validation",
+    "focused",
+    "make_batching",
+    "make_candidate_source",
+    "make_component_selector",
+    "make_selector",
+]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..errors import OptoValueError
+
 T = TypeVar("T")
 
 
@@ -13,5 +15,5 @@ def choose(option: str, spec: Any, protocol: type, choices: Mapping[str, Callabl
     if isinstance(spec, protocol):
         return spec  # type: ignore[return-value]
     if not isinstance(spec, str) or spec not in choices:
-        raise ValueError(f"{option} must be one of {sorted(choices)} or a {protocol.__name__}, got {spec!r}")
+        raise OptoValueError(f"{option} must be one of {sorted(choices)} or a {protocol.__name__}, got {spec!r}")
     return choices[spec]()

@@ -12,12 +12,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from .._io import json_key
 from ..agent import Agent
 from ..data import Example, load_dataset
+from ..errors import OptoValueError
 from ..guides import Guide
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from ..stats import holm, paired_test
 
-__all__ = ["Decision", "DatasetValidation", "MinibatchFirst", "MinibatchValidation", "NoValidation", "Validation",
-           "make_validation"]
+__all__ = [
+    "Decision",
+    "DatasetValidation",
+    "MinibatchFirst",
+    "MinibatchValidation",
+    "NoValidation",
+    "Validation",
+    "make_validation",
+]
 
 
 class Decision(BaseModel):
@@ -79,8 +87,13 @@ class Validation:
     alpha: float | None = None
     accept_ties: bool = False
 
-    def compare(self, candidate_id: str, current: Sequence[Rollout], candidate: Sequence[Rollout], threshold: float,
-                ) -> Decision:
+    def compare(
+        self,
+        candidate_id: str,
+        current: Sequence[Rollout],
+        candidate: Sequence[Rollout],
+        threshold: float,
+    ) -> Decision:
         """Accept only a strict improvement over current + threshold (a tie is rejected,
         unless `accept_ties`);
         with `alpha`, also only one that a one-sided paired test finds significant
@@ -94,37 +107,57 @@ class Validation:
         current_score, candidate_score = mean_score(current), mean_score(candidate)
         current_failed, candidate_failed = sum(r.failed for r in current), sum(r.failed for r in candidate)
         if candidate_failed > current_failed:
-            reason, accepted = f"the candidate failed on {candidate_failed} examples, the current values on " \
-                f"{current_failed}", False
+            reason, accepted = (
+                f"the candidate failed on {candidate_failed} examples, the current values on {current_failed}",
+                False,
+            )
         elif candidate_score is None:
             reason, accepted = "the candidate could not be scored", False
         elif current_score is None:
             reason, accepted = "the current values could not be scored; the scored candidate wins", True
         else:
             accepted = candidate_score > current_score + threshold or (
-                self.accept_ties and candidate_score == current_score + threshold)
+                self.accept_ties and candidate_score == current_score + threshold
+            )
             relation = (">=" if candidate_score == current_score + threshold else ">") if accepted else "<="
             reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
-        decision = Decision(candidate_id=candidate_id, accepted=accepted, current_score=current_score,
-                            candidate_score=candidate_score, reason=reason, rollouts=list(candidate),
-                            current_rollouts=list(current))
+        decision = Decision(
+            candidate_id=candidate_id,
+            accepted=accepted,
+            current_score=current_score,
+            candidate_score=candidate_score,
+            reason=reason,
+            rollouts=list(candidate),
+            current_rollouts=list(current),
+        )
         return self._significance(decision, current, candidate) if self.alpha is not None else decision
 
     def _significance(self, decision: Decision, current: Sequence[Rollout], candidate: Sequence[Rollout]) -> Decision:
         """The decision with the paired test's verdict: a win that is not significant is rejected."""
         before = {r.example_id: r.score for r in current}
-        pairs = [(before[r.example_id], r.score) for r in candidate
-                 if r.score is not None and before.get(r.example_id) is not None]
+        pairs = [
+            (before[r.example_id], r.score)
+            for r in candidate
+            if r.score is not None and before.get(r.example_id) is not None
+        ]
         if not pairs:
             return decision
         found = paired_test([a for a, _ in pairs], [b for _, b in pairs])  # type: ignore[misc]
         significant = found.p_value <= self.alpha  # type: ignore[operator]
-        verdict = (f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
-                   f"difference {found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}]")
-        return decision.model_copy(update={
-            "accepted": decision.accepted and significant, "reason": f"{decision.reason}; {verdict}",
-            "test": found.test, "p_value": found.p_value, "difference": found.difference,
-            "difference_interval": (found.interval.low, found.interval.high)})
+        verdict = (
+            f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
+            f"difference {found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}]"
+        )
+        return decision.model_copy(
+            update={
+                "accepted": decision.accepted and significant,
+                "reason": f"{decision.reason}; {verdict}",
+                "test": found.test,
+                "p_value": found.p_value,
+                "difference": found.difference,
+                "difference_interval": (found.interval.low, found.interval.high),
+            }
+        )
 
 
 class NoValidation(Validation):
@@ -133,8 +166,12 @@ class NoValidation(Validation):
     name = "none"
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        return Decision(candidate_id=candidate_id, accepted=True, current_score=mean_score(ctx.current_rollouts),
-                        reason="validation='none' accepts every candidate")
+        return Decision(
+            candidate_id=candidate_id,
+            accepted=True,
+            current_score=mean_score(ctx.current_rollouts),
+            reason="validation='none' accepts every candidate",
+        )
 
 
 class MinibatchValidation(Validation):
@@ -153,8 +190,9 @@ class MinibatchValidation(Validation):
         return batch_size * candidates
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        rollouts = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
-                                          timeout=ctx.rollout_timeout)
+        rollouts = await ctx.executor.run(
+            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
         return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
 
 
@@ -181,15 +219,22 @@ class DatasetValidation(Validation):
 
     name = "dataset"
 
-    def __init__(self, dataset: Any, alpha: float | None = None, *, race: int | None = None,
-                 behind: int = 1, accept_ties: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        alpha: float | None = None,
+        *,
+        race: int | None = None,
+        behind: int = 1,
+        accept_ties: bool = False,
+    ) -> None:
         self.alpha = check_alpha(alpha)
         self.accept_ties = accept_ties
         self.examples: list[Example] = load_dataset(dataset)
         if race is not None and (isinstance(race, bool) or not isinstance(race, int) or race < 1):
-            raise ValueError(f"race must be a chunk size >= 1 or None, got {race!r}")
+            raise OptoValueError(f"race must be a chunk size >= 1 or None, got {race!r}")
         if isinstance(behind, bool) or not isinstance(behind, int) or behind < 1:
-            raise ValueError(f"behind must be an int >= 1, got {behind!r}")
+            raise OptoValueError(f"behind must be an int >= 1, got {behind!r}")
         self.race = race
         self.behind = behind
         self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
@@ -205,31 +250,47 @@ class DatasetValidation(Validation):
         key = json_key({p.name: p.value for p in params})
         cached = self._current.get(key)
         if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
-            cached = self._current[key] = asyncio.ensure_future(ctx.executor.run(
-                ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout))
+            cached = self._current[key] = asyncio.ensure_future(
+                ctx.executor.run(
+                    ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+                )
+            )
         if self.race is None:
-            rollouts = await ctx.executor.run(ctx.agent, ctx.guide, self.examples, values=update,
-                                              min_score=ctx.min_score, timeout=ctx.rollout_timeout)
+            rollouts = await ctx.executor.run(
+                ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+            )
             return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
         return await self._race(ctx, candidate_id, update, cached)
 
-    async def _race(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any],
-                    cached: asyncio.Future[list[Rollout]]) -> Decision:
+    async def _race(
+        self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any], cached: asyncio.Future[list[Rollout]]
+    ) -> Decision:
         """Validate chunk by chunk; drop the candidate once it is `behind` examples behind."""
         order = list(self.examples)
         random.Random(json_key({getattr(k, "name", k): v for k, v in update.items()})).shuffle(order)
         current = {r.example_id: r for r in await asyncio.shield(cached)}
         done: list[Rollout] = []
         for start in range(0, len(order), self.race):  # type: ignore[arg-type]
-            done += await ctx.executor.run(ctx.agent, ctx.guide, order[start:start + self.race], values=update,
-                                           min_score=ctx.min_score, timeout=ctx.rollout_timeout)
+            done += await ctx.executor.run(
+                ctx.agent,
+                ctx.guide,
+                order[start : start + self.race],
+                values=update,
+                min_score=ctx.min_score,
+                timeout=ctx.rollout_timeout,
+            )
             lost = sum(_sign(current[r.example_id].score, r.score) for r in done)
             if lost >= self.behind and len(done) < len(order):
                 before = [current[r.example_id] for r in done]
                 decision = self.compare(candidate_id, before, done, ctx.improvement_threshold)
-                return decision.model_copy(update={
-                    "accepted": False, "stage": "race", "rollouts_saved": len(order) - len(done),
-                    "reason": f"dropped after {len(done)} of {len(order)} examples: {lost} more lost than won"})
+                return decision.model_copy(
+                    update={
+                        "accepted": False,
+                        "stage": "race",
+                        "rollouts_saved": len(order) - len(done),
+                        "reason": f"dropped after {len(done)} of {len(order)} examples: {lost} more lost than won",
+                    }
+                )
         return self.compare(candidate_id, list(current.values()), done, ctx.improvement_threshold)
 
 
@@ -249,19 +310,30 @@ class MinibatchFirst(DatasetValidation):
         return batch_size * candidates  # a candidate that loses on the batch costs no more
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        screened = await ctx.executor.run(ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score,
-                                          timeout=ctx.rollout_timeout)
-        first = MinibatchValidation().compare(candidate_id, ctx.current_rollouts, screened,
-                                   ctx.improvement_threshold)  # the screen: any strict win goes on
+        screened = await ctx.executor.run(
+            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
+        first = MinibatchValidation().compare(
+            candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold
+        )  # the screen: any strict win goes on
         if not first.accepted:
-            return first.model_copy(update={
-                "stage": "minibatch", "rollouts_saved": len(self.examples), "rollouts": [],
-                "screening_rollouts": screened,
-                "reason": f"on the batch: {first.reason}; not validated on the dataset",
-            })
+            return first.model_copy(
+                update={
+                    "stage": "minibatch",
+                    "rollouts_saved": len(self.examples),
+                    "rollouts": [],
+                    "screening_rollouts": screened,
+                    "reason": f"on the batch: {first.reason}; not validated on the dataset",
+                }
+            )
         full = await super().decide(ctx, candidate_id, update)
-        return full.model_copy(update={"stage": full.stage or "dataset", "screening_rollouts": screened,
-                                       "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}"})
+        return full.model_copy(
+            update={
+                "stage": full.stage or "dataset",
+                "screening_rollouts": screened,
+                "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}",
+            }
+        )
 
 
 def _sign(before: float | None, after: float | None) -> int:
@@ -281,20 +353,23 @@ def holm_corrected(decisions: list[Decision], alpha: float | None) -> list[Decis
     found = list(decisions)
     for index, survives in zip(tested, keep):
         if found[index].accepted and not survives:
-            found[index] = found[index].model_copy(update={
-                "accepted": False,
-                "reason": f"{found[index].reason}; not significant after Holm's correction for {len(tested)} candidates"})
+            found[index] = found[index].model_copy(
+                update={
+                    "accepted": False,
+                    "reason": f"{found[index].reason}; not significant after Holm's correction for {len(tested)} candidates",
+                }
+            )
     return found
 
 
 def check_alpha(alpha: float | None) -> float | None:
     if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise ValueError(f"alpha must be a significance level in (0, 1), e.g. 0.05, or None; got {alpha!r}")
+        raise OptoValueError(f"alpha must be a significance level in (0, 1), e.g. 0.05, or None; got {alpha!r}")
     return alpha
 
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
-    """"minibatch", "none", a `Validation`, or a dataset (anything `load_dataset` reads)."""
+    """ "minibatch", "none", a `Validation`, or a dataset (anything `load_dataset` reads)."""
     if isinstance(spec, Validation):
         return spec
     if spec == "minibatch":
@@ -302,5 +377,5 @@ def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
     if spec == "none":
         return NoValidation()
     if isinstance(spec, str) and not spec.endswith(".jsonl"):
-        raise ValueError(f"validation must be 'minibatch', 'none', a dataset or a Validation; got {spec!r}")
+        raise OptoValueError(f"validation must be 'minibatch', 'none', a dataset or a Validation; got {spec!r}")
     return DatasetValidation(spec)

@@ -45,5 +45,5 @@ class PerInstance:
 
 
 def make_batching(spec: str | ProposalBatching) -> ProposalBatching:
-    """"reflective", "per_instance", or a `ProposalBatching`."""
+    """ "reflective", "per_instance", or a `ProposalBatching`."""
     return choose("proposals", spec, ProposalBatching, {"reflective": Reflective, "per_instance": PerInstance})

@@ -30,8 +30,9 @@ class CandidateSource(Protocol):
     min_calls: int
     min_candidates: int
 
-    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
-                         stepsize: float) -> list[Candidate]: ...
+    async def candidates(
+        self, parameters: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]: ...
 
 
 class MergedCandidates:
@@ -45,8 +46,9 @@ class MergedCandidates:
         self.aggregator = aggregator
         self.min_candidates = aggregator.num_candidates
 
-    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
-                         stepsize: float) -> list[Candidate]:
+    async def candidates(
+        self, parameters: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]:
         distinct = dedupe(proposals)
         if len(distinct) == 1 and all(p.instance_ids for p in proposals if p.update):
             return await EachProposal().candidates(parameters, proposals, stepsize)  # one reflective proposal
@@ -63,10 +65,18 @@ class EachProposal:
     min_calls = 0
     min_candidates = 1
 
-    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
-                         stepsize: float) -> list[Candidate]:
-        return [Candidate(update=dict(found.update), reasoning=found.reasoning, extraction_method="proposal",
-                          source_proposals=list(found.sources)) for found in dedupe(proposals)]
+    async def candidates(
+        self, parameters: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]:
+        return [
+            Candidate(
+                update=dict(found.update),
+                reasoning=found.reasoning,
+                extraction_method="proposal",
+                source_proposals=list(found.sources),
+            )
+            for found in dedupe(proposals)
+        ]
 
 
 class MergedAndEach:
@@ -79,15 +89,26 @@ class MergedAndEach:
         self.merged, self.each = MergedCandidates(aggregator), EachProposal()
         self.min_candidates = self.merged.min_candidates
 
-    async def candidates(self, parameters: Sequence[Parameter], proposals: Sequence[Proposal],
-                         stepsize: float) -> list[Candidate]:
+    async def candidates(
+        self, parameters: Sequence[Parameter], proposals: Sequence[Proposal], stepsize: float
+    ) -> list[Candidate]:
         merged = await self.merged.candidates(parameters, proposals, stepsize)
         seen = {json_key(c.update) for c in merged if c.update}
-        each = [c for c in await self.each.candidates(parameters, proposals, stepsize) if json_key(c.update) not in seen]
+        each = [
+            c for c in await self.each.candidates(parameters, proposals, stepsize) if json_key(c.update) not in seen
+        ]
         return [*merged, *each]
 
 
 def make_candidate_source(spec: str | CandidateSource, aggregator: Aggregator) -> CandidateSource:
-    """"merged", "each", "both", or a `CandidateSource`."""
-    return choose("candidates", spec, CandidateSource, {"merged": lambda: MergedCandidates(aggregator),
-                                                         "each": EachProposal, "both": lambda: MergedAndEach(aggregator)})
+    """ "merged", "each", "both", or a `CandidateSource`."""
+    return choose(
+        "candidates",
+        spec,
+        CandidateSource,
+        {
+            "merged": lambda: MergedCandidates(aggregator),
+            "each": EachProposal,
+            "both": lambda: MergedAndEach(aggregator),
+        },
+    )

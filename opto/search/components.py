@@ -48,7 +48,7 @@ class RoundRobin:
 
 
 def make_component_selector(spec: str | ComponentSelector) -> ComponentSelector:
-    """"all", "round_robin" or a `ComponentSelector`."""
+    """ "all", "round_robin" or a `ComponentSelector`."""
     return choose("components", spec, ComponentSelector, {"all": AllComponents, "round_robin": RoundRobin})
 
 

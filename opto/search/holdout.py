@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import Example
+from ..errors import OptoValueError
 
 __all__ = ["HoldOut"]
 
@@ -37,9 +38,9 @@ class HoldOut:
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
-            raise ValueError(f"HoldOut fraction must be within (0, 1), got {self.fraction!r}")
+            raise OptoValueError(f"HoldOut fraction must be within (0, 1), got {self.fraction!r}")
         if self.min_size < 1 or self.max_size < self.min_size:
-            raise ValueError(f"HoldOut needs 1 <= min_size <= max_size, got {self.min_size}, {self.max_size}")
+            raise OptoValueError(f"HoldOut needs 1 <= min_size <= max_size, got {self.min_size}, {self.max_size}")
 
     def split(self, examples: list[Example], seed: int) -> tuple[list[Example], list[Example]] | None:
         """(training examples, held-out examples), both in their original order; None when

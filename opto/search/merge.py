@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .._io import json_key
+from ..errors import OptoValueError
 from .pool import CandidatePool, PoolEntry
 
 __all__ = ["LineageMerge", "MergePlan"]
@@ -39,7 +40,7 @@ class LineageMerge:
 
     def __init__(self, every: int) -> None:
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"merge_every must be a positive number of steps, got {every!r}")
+            raise OptoValueError(f"merge_every must be a positive number of steps, got {every!r}")
         self.every = every
 
     def due(self, step: int) -> bool:
@@ -84,5 +85,10 @@ def _merge(pool: CandidatePool, a: PoolEntry, b: PoolEntry) -> MergePlan | None:
             values[name], taken[name] = better.values.get(name), better.candidate_id
     if values in (a.values, b.values):
         return None
-    return MergePlan(parent_id=a.candidate_id, other_id=b.candidate_id, ancestor_id=ancestor.candidate_id,
-                     values=values, taken_from=taken)
+    return MergePlan(
+        parent_id=a.candidate_id,
+        other_id=b.candidate_id,
+        ancestor_id=ancestor.candidate_id,
+        values=values,
+        taken_from=taken,
+    )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from ..errors import OptoValueError
 from ..rollout import Rollout
 
 __all__ = ["CandidatePool", "OBJECTIVES", "PoolEntry", "START_ID", "check_objectives", "rollout_cost"]
@@ -30,9 +31,13 @@ START_ID = "start"
 def check_objectives(objectives: Sequence[str], uses_pool: bool) -> tuple[str, ...]:
     found = tuple(objectives)
     if not found or found[0] != "score" or len(set(found)) != len(found) or not set(found) <= set(OBJECTIVES):
-        raise ValueError(f"objectives must be 'score' followed by any of 'cost', 'latency' (each once), got {found!r}")
+        raise OptoValueError(
+            f"objectives must be 'score' followed by any of 'cost', 'latency' (each once), got {found!r}"
+        )
     if len(found) > 1 and not uses_pool:
-        raise ValueError("objectives beyond 'score' shape the pool's Pareto front: pass selection='pareto' with them")
+        raise OptoValueError(
+            "objectives beyond 'score' shape the pool's Pareto front: pass selection='pareto' with them"
+        )
     return found
 
 
@@ -88,16 +93,30 @@ class CandidatePool(BaseModel):
         """The entry holding exactly these values, if any."""
         return next((e for e in self.entries if e.values == dict(values)), None)
 
-    def add(self, candidate_id: str, values: Mapping[str, Any], rollouts: Sequence[Rollout], *, step: int,
-            parent_id: str | None, merge_parent_id: str | None = None) -> PoolEntry:
+    def add(
+        self,
+        candidate_id: str,
+        values: Mapping[str, Any],
+        rollouts: Sequence[Rollout],
+        *,
+        step: int,
+        parent_id: str | None,
+        merge_parent_id: str | None = None,
+    ) -> PoolEntry:
         costs: dict[str, float] = {}
         for objective in self.objectives[1:]:
             known = [c for c in (rollout_cost(r, objective) for r in rollouts) if c is not None]
             if known:
                 costs[objective] = float(np.mean(known))
-        entry = PoolEntry(candidate_id=candidate_id, values=dict(values),
-                          scores={r.example_id: r.score for r in rollouts}, from_step=step, parent_id=parent_id,
-                          merge_parent_id=merge_parent_id, costs=costs)
+        entry = PoolEntry(
+            candidate_id=candidate_id,
+            values=dict(values),
+            scores={r.example_id: r.score for r in rollouts},
+            from_step=step,
+            parent_id=parent_id,
+            merge_parent_id=merge_parent_id,
+            costs=costs,
+        )
         self.entries.append(entry)
         return entry
 
@@ -110,8 +129,10 @@ class CandidatePool(BaseModel):
         """
         examples = sorted({key for entry in self.entries for key in entry.scores})
         # Each objective beyond the score is one more column, negated: cheaper is better.
-        table = {e.candidate_id: [_value(e.scores.get(x)) for x in examples] + [-c for c in e.cost_key(self.objectives)]
-                 for e in self.entries}
+        table = {
+            e.candidate_id: [_value(e.scores.get(x)) for x in examples] + [-c for c in e.cost_key(self.objectives)]
+            for e in self.entries
+        }
         alive = [cid for cid, row in table.items() if not any(_dominates(other, row) for other in table.values())]
         weights: dict[str, int] = {}
         for column in range(len(next(iter(table.values()), []))):
@@ -143,8 +164,11 @@ class CandidatePool(BaseModel):
         return max(self.entries, key=self._rank)
 
     def _rank(self, entry: PoolEntry) -> tuple[Any, ...]:
-        return (float("-inf") if entry.mean is None else entry.mean,
-                tuple(-c for c in entry.cost_key(self.objectives)), -self._position(entry.candidate_id))
+        return (
+            float("-inf") if entry.mean is None else entry.mean,
+            tuple(-c for c in entry.cost_key(self.objectives)),
+            -self._position(entry.candidate_id),
+        )
 
     def ancestors(self, candidate_id: str) -> list[str]:
         """Every ancestor of a candidate (both parents of a merge), nearest first, itself first."""

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import OptoValueError
 from ._choice import choose
 from .pool import CandidatePool, PoolEntry
 
@@ -65,7 +66,7 @@ class EpsilonGreedy:
 
     def __init__(self, epsilon: float = 0.2) -> None:
         if not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"epsilon must be within [0, 1], got {epsilon!r}")
+            raise OptoValueError(f"epsilon must be within [0, 1], got {epsilon!r}")
         self.epsilon = epsilon
 
     def parent(self, pool: CandidatePool, rng: np.random.Generator) -> PoolEntry | None:
@@ -82,7 +83,7 @@ class TopK:
 
     def __init__(self, k: int = 3) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
+            raise OptoValueError(f"k must be an int >= 1, got {k!r}")
         self.k = k
 
     def parent(self, pool: CandidatePool, rng: np.random.Generator) -> PoolEntry | None:
@@ -91,6 +92,10 @@ class TopK:
 
 
 def make_selector(spec: str | CandidateSelector) -> CandidateSelector:
-    """"greedy", "pareto", "epsilon_greedy", "top_k", or a `CandidateSelector`."""
-    return choose("selection", spec, CandidateSelector,
-                  {"greedy": Greedy, "pareto": Pareto, "epsilon_greedy": EpsilonGreedy, "top_k": TopK})
+    """ "greedy", "pareto", "epsilon_greedy", "top_k", or a `CandidateSelector`."""
+    return choose(
+        "selection",
+        spec,
+        CandidateSelector,
+        {"greedy": Greedy, "pareto": Pareto, "epsilon_greedy": EpsilonGreedy, "top_k": TopK},
+    )

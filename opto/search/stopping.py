@@ -18,8 +18,20 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["AllOf", "AnyOf", "MaxCalls", "MaxCost", "MaxTime", "NoImprovement", "RunProgress", "StopCondition",
-           "StopFile", "TargetScore"]
+from ..errors import OptoTypeError, OptoValueError
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "MaxCalls",
+    "MaxCost",
+    "MaxTime",
+    "NoImprovement",
+    "RunProgress",
+    "StopCondition",
+    "StopFile",
+    "TargetScore",
+]
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class StopCondition(ABC):
 
 def _checked(other: object) -> StopCondition:
     if not isinstance(other, StopCondition):
-        raise TypeError(f"stop conditions combine with other stop conditions, not {type(other).__name__}")
+        raise OptoTypeError(f"stop conditions combine with other stop conditions, not {type(other).__name__}")
     return other
 
 
@@ -66,8 +78,11 @@ class AnyOf(StopCondition):
     """Stops when any of its conditions holds (`a | b`)."""
 
     def __init__(self, *conditions: StopCondition) -> None:
-        self.conditions = [c for condition in conditions
-                           for c in (condition.conditions if isinstance(condition, AnyOf) else [condition])]
+        self.conditions = [
+            c
+            for condition in conditions
+            for c in (condition.conditions if isinstance(condition, AnyOf) else [condition])
+        ]
 
     def check(self, progress: RunProgress) -> str | None:
         for condition in self.conditions:
@@ -84,8 +99,11 @@ class AllOf(StopCondition):
     """Stops when all of its conditions hold (`a & b`)."""
 
     def __init__(self, *conditions: StopCondition) -> None:
-        self.conditions = [c for condition in conditions
-                           for c in (condition.conditions if isinstance(condition, AllOf) else [condition])]
+        self.conditions = [
+            c
+            for condition in conditions
+            for c in (condition.conditions if isinstance(condition, AllOf) else [condition])
+        ]
 
     def check(self, progress: RunProgress) -> str | None:
         reasons = [condition.check(progress) for condition in self.conditions]
@@ -97,7 +115,7 @@ class AllOf(StopCondition):
 
 def _positive(name: str, value: float) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or math.isinf(value):
-        raise ValueError(f"{name} needs a positive finite number, got {value!r}")
+        raise OptoValueError(f"{name} needs a positive finite number, got {value!r}")
     return value
 
 
@@ -164,12 +182,14 @@ class TargetScore(StopCondition):
 
     def __init__(self, score: float) -> None:
         if not isinstance(score, (int, float)) or isinstance(score, bool) or math.isnan(score):
-            raise ValueError(f"TargetScore needs a number, got {score!r}")
+            raise OptoValueError(f"TargetScore needs a number, got {score!r}")
         self.score = float(score)
 
     def check(self, progress: RunProgress) -> str | None:
         if progress.best_score is not None and progress.best_score >= self.score:
-            return f"TargetScore({self.score:g}): validation score {progress.best_score:.4f} at step {progress.best_step}"
+            return (
+                f"TargetScore({self.score:g}): validation score {progress.best_score:.4f} at step {progress.best_step}"
+            )
         return None
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import MissingDependencyError, OptoTypeError, OptoValueError
 from ..optimizers import Proposal
 from ..parameters import Parameter
 from ..rollout import Rollout
@@ -34,7 +35,7 @@ def _import_optuna() -> Any:
     try:
         import optuna
     except ImportError as exc:
-        raise ImportError("TPEProposer needs Optuna: pip install 'opto-agents[tpe]'") from exc
+        raise MissingDependencyError("TPEProposer needs Optuna: pip install 'opto-agents[tpe]'") from exc
     return optuna
 
 
@@ -54,12 +55,13 @@ class TPEProposer:
 
     per_step = True
 
-    def __init__(self, parameters: Sequence[str] | None = None, seed: int = 0, *, n_startup_trials: int = 5,
-                 name: str = "tpe") -> None:
+    def __init__(
+        self, parameters: Sequence[str] | None = None, seed: int = 0, *, n_startup_trials: int = 5, name: str = "tpe"
+    ) -> None:
         if isinstance(parameters, str):
-            raise TypeError(f"parameters takes a list of names, e.g. [{parameters!r}]")
+            raise OptoTypeError(f"parameters takes a list of names, e.g. [{parameters!r}]")
         if n_startup_trials < 1:
-            raise ValueError(f"n_startup_trials must be >= 1, got {n_startup_trials}")
+            raise OptoValueError(f"n_startup_trials must be >= 1, got {n_startup_trials}")
         self.names = list(parameters) if parameters is not None else None
         self.seed = seed
         self.n_startup_trials = n_startup_trials
@@ -79,10 +81,15 @@ class TPEProposer:
             return []
         trial = self._study(space).ask(space)
         values = {name: _plain(trial.params[name]) for name in space}
-        proposal = Proposal(proposer=self.name, instance_id=rollouts[0].example_id if rollouts else "",
-                            instance_ids=[r.example_id for r in rollouts], update=values, extraction_method="tpe",
-                            reasoning=f"TPE draw {len(self._trials) + 1} after {len(self._told())} scored: "
-                                      + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+        proposal = Proposal(
+            proposer=self.name,
+            instance_id=rollouts[0].example_id if rollouts else "",
+            instance_ids=[r.example_id for r in rollouts],
+            update=values,
+            extraction_method="tpe",
+            reasoning=f"TPE draw {len(self._trials) + 1} after {len(self._told())} scored: "
+            + ", ".join(f"{k}={v!r}" for k, v in values.items()),
+        )
         self._pending[proposal.proposal_id] = values
         return [proposal]
 
@@ -110,7 +117,7 @@ class TPEProposer:
         named = {p.name: p for p in parameters}
         for name in self.names or []:
             if name not in named:
-                raise ValueError(f"TPEProposer: the agent has no parameter {name!r}; it has {sorted(named)}")
+                raise OptoValueError(f"TPEProposer: the agent has no parameter {name!r}; it has {sorted(named)}")
         for param in parameters:
             if not param.trainable or (self.names is not None and param.name not in self.names):
                 continue
@@ -119,13 +126,14 @@ class TPEProposer:
                 found[param.name] = dists.CategoricalDistribution(list(constraint.choices))
             elif param.type is bool:
                 found[param.name] = dists.CategoricalDistribution([False, True])
-            elif param.type in (int, float) and constraint is not None and None not in (constraint.min,
-                                                                                        constraint.max):
+            elif param.type in (int, float) and constraint is not None and None not in (constraint.min, constraint.max):
                 kind = dists.IntDistribution if param.type is int else dists.FloatDistribution
                 found[param.name] = kind(param.type(constraint.min), param.type(constraint.max))
             elif self.names is not None:
-                raise ValueError(f"TPEProposer cannot search {param.name!r} ({param.type.__name__}): give it "
-                                 "Constraint(min=..., max=...) (a number) or Constraint(choices=[...])")
+                raise OptoValueError(
+                    f"TPEProposer cannot search {param.name!r} ({param.type.__name__}): give it "
+                    "Constraint(min=..., max=...) (a number) or Constraint(choices=[...])"
+                )
         return found
 
     def _told(self) -> list[dict[str, Any]]:
@@ -135,8 +143,9 @@ class TPEProposer:
         """A study holding the history; its sampler is seeded by (seed, history length), so
         a draw depends only on them (a resumed run draws the same)."""
         optuna = _import_optuna()
-        sampler = optuna.samplers.TPESampler(seed=self.seed * 100_003 + len(self._trials),
-                                             n_startup_trials=self.n_startup_trials)
+        sampler = optuna.samplers.TPESampler(
+            seed=self.seed * 100_003 + len(self._trials), n_startup_trials=self.n_startup_trials
+        )
         verbosity = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per step about a new study
         try:
@@ -148,8 +157,11 @@ class TPEProposer:
             if not params or any(not space[k]._contains(space[k].to_internal_repr(v)) for k, v in params.items()):
                 continue  # tried in another space (a changed constraint): not evidence here
             state = optuna.trial.TrialState.COMPLETE if trial["value"] is not None else optuna.trial.TrialState.FAIL
-            study.add_trial(optuna.trial.create_trial(params=params, distributions={k: space[k] for k in params},
-                                                      value=trial["value"], state=state))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=params, distributions={k: space[k] for k in params}, value=trial["value"], state=state
+                )
+            )
         return study
 
 

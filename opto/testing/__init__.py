@@ -6,5 +6,14 @@ from opto.testing.fake_cluster import FakeCluster
 from opto.testing.fake_nemo import FakeNeMoCustomizer, FakeNeMoJob
 from opto.testing.fake_openai import FakeOpenAIServer, FakeReply, LognormalLatency, RecordedRequest, StoredFile
 
-__all__ = ["FakeARTServer", "FakeCluster", "FakeNeMoCustomizer", "FakeNeMoJob", "FakeOpenAIServer", "FakeReply", "LognormalLatency",
-           "RecordedRequest", "StoredFile"]
+__all__ = [
+    "FakeARTServer",
+    "FakeCluster",
+    "FakeNeMoCustomizer",
+    "FakeNeMoJob",
+    "FakeOpenAIServer",
+    "FakeReply",
+    "LognormalLatency",
+    "RecordedRequest",
+    "StoredFile",
+]

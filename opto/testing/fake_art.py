@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .fake_openai.http import RecordedRequest, Response, json_response, new_id
@@ -57,8 +57,9 @@ class FakeARTServer(RoutedServer):
         jobs: {job id: serverless job}.
     """
 
-    def __init__(self, *, port: int = 0, gradient_steps: int = 3, step_delay: float = 0.0,
-                 api_key: str = "test-key") -> None:
+    def __init__(
+        self, *, port: int = 0, gradient_steps: int = 3, step_delay: float = 0.0, api_key: str = "test-key"
+    ) -> None:
         self.gradient_steps = gradient_steps
         self.step_delay = step_delay
         self.api_key = api_key
@@ -144,8 +145,12 @@ class FakeARTServer(RoutedServer):
         for step in range(1, self.gradient_steps + 1):
             if not self._sleep(self.step_delay):
                 return
-            line = {"loss": round(1.0 / step, 4), "grad_norm": 0.5, "gradient_step": step,
-                    "num_gradient_steps": self.gradient_steps}
+            line = {
+                "loss": round(1.0 / step, 4),
+                "grad_norm": 0.5,
+                "gradient_step": step,
+                "num_gradient_steps": self.gradient_steps,
+            }
             try:
                 yield (json.dumps(line) + "\n").encode()
             except GeneratorExit:
@@ -208,12 +213,19 @@ class FakeARTServer(RoutedServer):
             job = _ServerlessJob(new_id("job"), body["model_id"], body)
             events = [("training_started", {})]
             for step in range(1, self.gradient_steps + 1):
-                events.append(("gradient_step", {"step": step, "num_gradient_steps": self.gradient_steps,
-                                                 "loss": round(1.0 / step, 4)}))
-            events.append(("training_failed", {"error": self._failure}) if self._failure
-                          else ("training_ended", {"step": 1}))
-            job.events = [{"id": i + 1, "type": kind, "data": data, "created_at": time.time()}
-                          for i, (kind, data) in enumerate(events)]
+                events.append(
+                    (
+                        "gradient_step",
+                        {"step": step, "num_gradient_steps": self.gradient_steps, "loss": round(1.0 / step, 4)},
+                    )
+                )
+            events.append(
+                ("training_failed", {"error": self._failure}) if self._failure else ("training_ended", {"step": 1})
+            )
+            job.events = [
+                {"id": i + 1, "type": kind, "data": data, "created_at": time.time()}
+                for i, (kind, data) in enumerate(events)
+            ]
             self.jobs[job.id] = job
         return json_response({"id": job.id, "model_id": job.model_id, "status": "queued"})
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..errors import OptoValueError
 from ..executors.coordinator import Coordinator
 from ..executors.remote import WorkerError, WorkerLost
 from ..executors.shipping import Shipment
@@ -104,7 +105,7 @@ class FakeCluster:
             future.set_exception(WorkerLost(what))
             return future
         if fault is not None:
-            raise ValueError(f"unknown fault {fault!r}: use None, 'crash', 'node' or 'hang'")
+            raise OptoValueError(f"unknown fault {fault!r}: use None, 'crash', 'node' or 'hang'")
 
         return loop.run_in_executor(self._pool, execute, stored.blob, task)
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .fake_openai.http import RecordedRequest, Response, json_response, new_id
 from .fake_openai.routed import RoutedServer
@@ -53,9 +54,16 @@ class FakeNeMoJob:
     def body(self) -> dict[str, Any]:
         done = {"completed": 100.0, "running": 50.0}.get(self.status, 0.0)
         logs = [{"message": self.error, "detail": self.error}] if self.status == "failed" else []
-        return {"id": self.id, "status": self.status, "percentage_done": done, "status_logs": logs,
-                "output_model": self.request.get("output_model"), "config": self.request.get("config"),
-                "dataset": self.request.get("dataset"), "hyperparameters": self.request.get("hyperparameters")}
+        return {
+            "id": self.id,
+            "status": self.status,
+            "percentage_done": done,
+            "status_logs": logs,
+            "output_model": self.request.get("output_model"),
+            "config": self.request.get("config"),
+            "dataset": self.request.get("dataset"),
+            "hyperparameters": self.request.get("hyperparameters"),
+        }
 
 
 class FakeNeMoCustomizer(RoutedServer):
@@ -70,8 +78,9 @@ class FakeNeMoCustomizer(RoutedServer):
         jobs: {job id: FakeNeMoJob}.
     """
 
-    def __init__(self, *, port: int = 0, job_script: list[str] | None = None,
-                 job_error: str = "training diverged (fake)") -> None:
+    def __init__(
+        self, *, port: int = 0, job_script: list[str] | None = None, job_error: str = "training diverged (fake)"
+    ) -> None:
         self.job_script = list(job_script or ["created", "running", "completed"])
         self.job_error = job_error
         self.files: dict[str, bytes] = {}
@@ -124,8 +133,9 @@ class FakeNeMoCustomizer(RoutedServer):
                 return _detail(404, f"repository {repo} not found")
         try:
             lines = [json.loads(line) for line in request.body.decode("utf-8").splitlines() if line.strip()]
-            uploads = {op["value"]["path"]: base64.b64decode(op["value"]["content"])
-                       for op in lines if op.get("key") == "file"}
+            uploads = {
+                op["value"]["path"]: base64.b64decode(op["value"]["content"]) for op in lines if op.get("key") == "file"
+            }
         except (ValueError, KeyError, TypeError) as exc:
             return _detail(400, f"malformed commit: {exc}")
         with self._lock:

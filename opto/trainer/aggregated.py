@@ -21,6 +21,7 @@ from .._io import json_key
 from ..agent import Agent
 from ..aggregation import Aggregator, Candidate
 from ..data import Example, load_dataset
+from ..errors import OptoTypeError, OptoValueError
 from ..events import (
     AggregateErrorEvent,
     AppliedEvent,
@@ -39,8 +40,16 @@ from ..llm.errors import BudgetExceeded, LLMError
 from ..llm.usage import Budget
 from ..optimizers import BatchProposer, Optimizer, Proposal, Proposer
 from ..rollout import Rollout, RolloutExecutor, mean_score
-from ..search.acceptance import (DatasetValidation, Decision, MinibatchFirst, MinibatchValidation, Validation,
-                                 ValidationContext, holm_corrected, make_validation)
+from ..search.acceptance import (
+    DatasetValidation,
+    Decision,
+    MinibatchFirst,
+    MinibatchValidation,
+    Validation,
+    ValidationContext,
+    holm_corrected,
+    make_validation,
+)
 from ..search.batching import ProposalBatching, make_batching
 from ..search.candidates import CandidateSource, make_candidate_source
 from ..search.components import ComponentSelector, focused, make_component_selector
@@ -158,13 +167,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self.selector = make_selector(selection)
         self.selection = self.selector.name
         if self.selector.uses_pool and not self.auto_validation and not isinstance(self.validation, DatasetValidation):
-            raise ValueError(
+            raise OptoValueError(
                 f"selection={self.selection!r} keeps a pool of candidates compared example by example on a fixed "
                 "validation set: pass validation=<a dataset> (e.g. bigbench(task, split='validation')), not "
                 f"{self.validation.name!r}"
             )
         if merge_every is not None and not self.selector.uses_pool:
-            raise ValueError("merge_every merges lineages of a candidate pool: pass selection='pareto' with it")
+            raise OptoValueError("merge_every merges lineages of a candidate pool: pass selection='pareto' with it")
         self.merge = LineageMerge(merge_every) if merge_every is not None else None
         self.objectives = check_objectives(objectives, self.selector.uses_pool)
         self.pool = CandidatePool(objectives=self.objectives)
@@ -194,21 +203,28 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         split = self.holdout.split(examples, self._seed)
         if split is None:
             if self.selector.uses_pool:
-                raise ValueError(
+                raise OptoValueError(
                     f"selection={self.selection!r} needs a validation set, and {len(examples)} training examples "
-                    f"are too few to hold one out (at least {2 * self.holdout.min_size}): pass validation=<a dataset>")
+                    f"are too few to hold one out (at least {2 * self.holdout.min_size}): pass validation=<a dataset>"
+                )
             # A sign test on fewer than 4 pairs can never reach p <= 0.1: then any strict win.
             tested = batch_size >= SMALL_DATA_MIN_BATCH
             self.validation = MinibatchValidation(alpha=SMALL_DATA_ALPHA if tested else None)
             self.extra_config = {"validation": "minibatch (too few examples to hold out a split)"}
-            logger.info("validation='auto': %d training examples are too few to hold out a validation split; "
-                        "candidates are accepted on the batch%s", len(examples),
-                        f" with a paired test (alpha={SMALL_DATA_ALPHA})" if tested else "")
+            logger.info(
+                "validation='auto': %d training examples are too few to hold out a validation split; "
+                "candidates are accepted on the batch%s",
+                len(examples),
+                f" with a paired test (alpha={SMALL_DATA_ALPHA})" if tested else "",
+            )
             return examples
         train, held = split
         self.validation = MinibatchFirst(held, race=8, accept_ties=True)
-        self.extra_config = {"validation": "held out", "holdout": self.holdout.describe(),
-                             "validation_ids": [e.id for e in held]}
+        self.extra_config = {
+            "validation": "held out",
+            "holdout": self.holdout.describe(),
+            "validation_ids": [e.id for e in held],
+        }
         logger.info("validation='auto': %d of %d training examples held out to validate on", len(held), len(examples))
         return train
 
@@ -229,9 +245,18 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         proposals = [p for o in outputs for p in o.proposals]
         proposals += await self._propose_batch(rollouts, ctx)
         if self.score_proposals:
-            await score_proposals(self.score_proposals, self.agent, ctx.guide, rollouts, proposals, ctx=ctx,
-                                  min_score=ctx.min_score, concurrency=self.concurrency, timeout=ctx.rollout_timeout,
-                                  executor=self.executor)
+            await score_proposals(
+                self.score_proposals,
+                self.agent,
+                ctx.guide,
+                rollouts,
+                proposals,
+                ctx=ctx,
+                min_score=ctx.min_score,
+                concurrency=self.concurrency,
+                timeout=ctx.rollout_timeout,
+                executor=self.executor,
+            )
         record = await self._decide(rollouts, proposals, ctx)
         self._tell_scores(record)
         return record
@@ -244,8 +269,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if not learners:
             return
         # Scores on the whole validation set (not a batch's, a screening's or a race's part).
-        whole = {d.candidate_id: d.candidate_score for d in record.decisions if d.stage in (None, "dataset")} \
-            if isinstance(self.validation, DatasetValidation) else {}
+        whole = (
+            {d.candidate_id: d.candidate_score for d in record.decisions if d.stage in (None, "dataset")}
+            if isinstance(self.validation, DatasetValidation)
+            else {}
+        )
         told: dict[str, float | None] = {}
         for event in record.events:
             if event.type == "candidate" and event.final:
@@ -256,8 +284,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             if event.type == "proposal" and event.proposer in learners:
                 learners[event.proposer].observe(event.proposal_id, told.get(event.proposal_id))
 
-    async def _rollouts_and_proposals(self, batch: list[Example], ctx: StepContext,
-                                      ) -> tuple[list[Rollout], list[InstanceOutput]]:
+    async def _rollouts_and_proposals(
+        self,
+        batch: list[Example],
+        ctx: StepContext,
+    ) -> tuple[list[Rollout], list[InstanceOutput]]:
         """The agent and guide on every example under the current values, and the proposers
         on each rollout as soon as it is judged: no instance waits for the slowest rollout.
 
@@ -275,8 +306,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own, per_instance)))
 
         try:
-            rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                               timeout=ctx.rollout_timeout, on_result=propose)
+            rollouts = await self.executor.run(
+                self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
+            )
             for rollout in rollouts:
                 ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
             ctx.failure_log.note(rollouts, f"step {ctx.step}")
@@ -304,14 +336,19 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         e.g. `TPEProposer`)."""
         return [p for p in self.proposers if self.batching.once_a_step(p)]  # type: ignore[misc]
 
-    async def _propose(self, rollout: Rollout, ctx: StepContext, proposers: Sequence[Proposer] | None = None,
-                       ) -> InstanceOutput:
+    async def _propose(
+        self,
+        rollout: Rollout,
+        ctx: StepContext,
+        proposers: Sequence[Proposer] | None = None,
+    ) -> InstanceOutput:
         """Every (per-instance) proposer's proposals for one instance (a failed rollout gets none)."""
         proposers = self.proposers if proposers is None else proposers
         if rollout.failed:
             return InstanceOutput(rollout=rollout, error="the rollout failed; no proposal")
-        results = await gather_all(self._ask(proposer, proposer.propose, rollout, rollout.example_id, ctx)
-                                   for proposer in proposers)
+        results = await gather_all(
+            self._ask(proposer, proposer.propose, rollout, rollout.example_id, ctx) for proposer in proposers
+        )
         proposals = [p for found in results if found is not None for p in found]
         errors = [f"{proposer.name}: failed" for proposer, found in zip(proposers, results) if found is None]
         self._record(proposals, ctx)
@@ -319,8 +356,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     async def _propose_batch(self, rollouts: list[Rollout], ctx: StepContext) -> list[Proposal]:
         """The once-a-step proposers' proposals, each from the whole batch."""
-        results = await gather_all(self._ask(proposer, proposer.propose_batch, rollouts, "", ctx)
-                                   for proposer in self._batch_proposers())
+        results = await gather_all(
+            self._ask(proposer, proposer.propose_batch, rollouts, "", ctx) for proposer in self._batch_proposers()
+        )
         proposals = [p for found in results if found is not None for p in found]
         self._record(proposals, ctx)
         return proposals
@@ -331,8 +369,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             if ctx.verbose and proposal.prompt_messages:
                 _show(proposal.proposer, proposal.prompt_messages, proposal.raw_response)
 
-    async def _ask(self, proposer: Proposer, method: Any, seen: Any, instance_id: str, ctx: StepContext,
-                   ) -> list[Proposal] | None:
+    async def _ask(
+        self,
+        proposer: Proposer,
+        method: Any,
+        seen: Any,
+        instance_id: str,
+        ctx: StepContext,
+    ) -> list[Proposal] | None:
         """One proposer's proposals (`method` of it on a rollout, or on the batch's rollouts);
         None when its model failed (recorded, the step goes on)."""
         parameters = self.agent.parameters()
@@ -345,8 +389,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             raise
         except LLMError as exc:
             logger.warning("%s failed on %s: %s", proposer.name, instance_id or "the batch", exc)
-            ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=instance_id, proposer=proposer.name,
-                                        error=str(exc)))
+            ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=instance_id, proposer=proposer.name, error=str(exc)))
             return None
 
     async def _decide(self, rollouts: list[Rollout], proposals: list[Proposal], ctx: StepContext) -> StepRecord:
@@ -391,30 +434,47 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             return []
         for candidate in candidates:
             for group in candidate.groups if candidate.sample_index == 0 else []:
-                ctx.emit(CandidateEvent(step=ctx.step, final=False, **group.model_dump(mode="json", exclude={"groups"})))
+                ctx.emit(
+                    CandidateEvent(step=ctx.step, final=False, **group.model_dump(mode="json", exclude={"groups"}))
+                )
             ctx.emit(CandidateEvent(step=ctx.step, final=True, **candidate.model_dump(mode="json", exclude={"groups"})))
             if ctx.verbose:
                 _show("aggregator", candidate.prompt_messages, candidate.raw_response)
         return candidates
 
-    async def _decisions(self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext) -> list[Decision]:
+    async def _decisions(
+        self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext
+    ) -> list[Decision]:
         batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
-        vctx = ValidationContext(agent=self.agent, guide=ctx.guide, batch=batch, current_rollouts=rollouts,
-                                 min_score=ctx.min_score, executor=self.executor,
-                                 improvement_threshold=self.improvement_threshold,
-                                 rollout_timeout=ctx.rollout_timeout)
+        vctx = ValidationContext(
+            agent=self.agent,
+            guide=ctx.guide,
+            batch=batch,
+            current_rollouts=rollouts,
+            min_score=ctx.min_score,
+            executor=self.executor,
+            improvement_threshold=self.improvement_threshold,
+            rollout_timeout=ctx.rollout_timeout,
+        )
         # Candidates are validated at once; their events are added in candidate order.
-        decisions = await gather_all(self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update))
-                                     for c in candidates)
+        decisions = await gather_all(
+            self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update)) for c in candidates
+        )
         decisions = holm_corrected(decisions, getattr(self.validation, "alpha", None))
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
             for rollout in decision.screening_rollouts:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="screening", candidate_id=candidate.candidate_id,
-                                      **rollout.to_record()))
+                ctx.emit(
+                    RolloutEvent(
+                        step=ctx.step, phase="screening", candidate_id=candidate.candidate_id, **rollout.to_record()
+                    )
+                )
             for rollout in decision.rollouts:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="validation", candidate_id=candidate.candidate_id,
-                                      **rollout.to_record()))
+                ctx.emit(
+                    RolloutEvent(
+                        step=ctx.step, phase="validation", candidate_id=candidate.candidate_id, **rollout.to_record()
+                    )
+                )
             ctx.emit(DecisionEvent(step=ctx.step, validation=self.validation.name, **decision.model_dump(mode="json")))
         return decisions
 
@@ -424,20 +484,25 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         parent = self.pool.get(plan.parent_id)
         assert parent is not None
         self.agent.apply(parent.values)
-        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(), mean=parent.mean))
+        ctx.emit(
+            ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(), mean=parent.mean)
+        )
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
-        rollouts = await self.executor.run(self.agent, ctx.guide, batch, min_score=ctx.min_score,
-                                           timeout=ctx.rollout_timeout)
+        rollouts = await self.executor.run(
+            self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
         for rollout in rollouts:
             ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
         ctx.failure_log.note(rollouts, f"step {ctx.step}")
         check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
         origin = "; ".join(f"{name} from {source}" for name, source in plan.taken_from.items())
-        candidate = Candidate(update={k: v for k, v in plan.values.items() if v != parent.values.get(k)},
-                              reasoning=f"merge of {plan.parent_id} and {plan.other_id} (common ancestor "
-                                        f"{plan.ancestor_id}): {origin}",
-                              extraction_method="merge", merge_parents=[plan.parent_id, plan.other_id])
+        candidate = Candidate(
+            update={k: v for k, v in plan.values.items() if v != parent.values.get(k)},
+            reasoning=f"merge of {plan.parent_id} and {plan.other_id} (common ancestor {plan.ancestor_id}): {origin}",
+            extraction_method="merge",
+            merge_parents=[plan.parent_id, plan.other_id],
+        )
         ctx.emit(CandidateEvent(step=ctx.step, final=True, **candidate.model_dump(mode="json", exclude={"groups"})))
         return await self._judge(rollouts, [candidate], ctx)
 
@@ -449,9 +514,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         once_a_step = self._batch_proposers()
         reflective = [p for p in llm_proposers if p in once_a_step]
         per_instance = len(llm_proposers) - len(reflective)
-        return {"rollouts": batch_size, "proposals": batch_size * per_instance + len(reflective),
-                "aggregation": self.candidate_source.min_calls if per_instance else 0,
-                "validation": self.validation.rollouts_per_step(batch_size, candidates)}
+        return {
+            "rollouts": batch_size,
+            "proposals": batch_size * per_instance + len(reflective),
+            "aggregation": self.candidate_source.min_calls if per_instance else 0,
+            "validation": self.validation.rollouts_per_step(batch_size, candidates),
+        }
 
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
         users = super().budget_users()
@@ -487,8 +555,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if parent is None:
             return
         self.agent.apply(parent.values)
-        ctx.emit(ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(),
-                             mean=parent.mean))
+        ctx.emit(
+            ParentEvent(step=ctx.step, candidate_id=parent.candidate_id, front=self.pool.front(), mean=parent.mean)
+        )
 
     def _add_to_pool(self, candidates: Sequence[Candidate], decisions: Sequence[Decision], ctx: StepContext) -> None:
         # Those validated on the whole set (not screened out by MinibatchFirst, nor dropped in a race).
@@ -498,14 +567,24 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         current = self.agent.stored_values(trainable_only=True)
         parent = self.pool.find(current)
         if parent is None:  # the first validation: the starting values join the pool
-            parent = self.pool.add(START_ID if not self.pool else f"step{ctx.step}-start", current,
-                                   validated[0].current_rollouts, step=ctx.step - 1, parent_id=None)
+            parent = self.pool.add(
+                START_ID if not self.pool else f"step{ctx.step}-start",
+                current,
+                validated[0].current_rollouts,
+                step=ctx.step - 1,
+                parent_id=None,
+            )
             ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
             if decision in validated:
-                entry = self.pool.add(candidate.candidate_id, {**current, **candidate.update}, decision.rollouts,
-                                      step=ctx.step, parent_id=parent.candidate_id,
-                                      merge_parent_id=candidate.merge_parents[1] if candidate.merge_parents else None)
+                entry = self.pool.add(
+                    candidate.candidate_id,
+                    {**current, **candidate.update},
+                    decision.rollouts,
+                    step=ctx.step,
+                    parent_id=parent.candidate_id,
+                    merge_parent_id=candidate.merge_parents[1] if candidate.merge_parents else None,
+                )
                 ctx.emit(PoolEvent(step=ctx.step, **entry.model_dump(mode="json"), pool_mean=entry.mean))
 
     def final_values(self) -> dict[str, Any]:
@@ -520,8 +599,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         final = self.final_values()
         if final == self.agent.stored_values(trainable_only=True):
             return False
-        logger.info("%s selection: the run ends with the pool's best, of validation mean %s", self.selection,
-                    self.pool.best().mean)
+        logger.info(
+            "%s selection: the run ends with the pool's best, of validation mean %s",
+            self.selection,
+            self.pool.best().mean,
+        )
         self.agent.apply(final)
         return True
 
@@ -538,9 +620,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         for param in self.agent.parameters(trainable_only=True):
             if param.name not in self._read and param.name not in self._unread_warned:
                 self._unread_warned.add(param.name)  # type: ignore[arg-type]
-                logger.warning("the trainable parameter %r was not read in step %d's rollouts (nor earlier in this "
-                               "run): updates to it change nothing until the agent reads it (through .value inside "
-                               "forward)", param.name, step)
+                logger.warning(
+                    "the trainable parameter %r was not read in step %d's rollouts (nor earlier in this "
+                    "run): updates to it change nothing until the agent reads it (through .value inside "
+                    "forward)",
+                    param.name,
+                    step,
+                )
 
     def _note_reads(self, rollouts: Sequence[Rollout]) -> None:
         self._read.update(*(r.parameters_read for r in rollouts))
@@ -555,16 +641,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]:
     proposers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if not proposers:
-        raise ValueError("AggregatedUpdate needs at least one proposer, e.g. Optimizer(llm) or DemoProposer()")
+        raise OptoValueError("AggregatedUpdate needs at least one proposer, e.g. Optimizer(llm) or DemoProposer()")
     for proposer in proposers:
         if not isinstance(proposer, Proposer):
-            raise TypeError(
+            raise OptoTypeError(
                 f"{type(proposer).__name__} is not a proposer: it needs a name and "
                 "async propose(parameters, rollout) -> list[Proposal] (e.g. Optimizer(llm), DemoProposer())"
             )
     names = [p.name for p in proposers]
     if len(set(names)) != len(names):
-        raise ValueError(f"proposers need distinct names to tell their proposals apart in the ledger, got {names}")
+        raise OptoValueError(f"proposers need distinct names to tell their proposals apart in the ledger, got {names}")
     return proposers
 
 

@@ -87,8 +87,9 @@ async def aevaluate(
             if judged:
                 bar.set_postfix(mean=f"{sum(judged) / len(judged):.3f}")
 
-        rollouts = await runner.run(agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout,
-                                    on_result=done)
+        rollouts = await runner.run(
+            agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout, on_result=done
+        )
     (failure_log or FailureLog()).note(rollouts, "evaluation")
     check_failures(rollouts, max_failures, "the evaluation")
     return EvalResult.from_rollouts(rollouts)
@@ -107,6 +108,14 @@ def evaluate(
 ) -> EvalResult:
     """Synchronous `aevaluate` (also works inside a running event loop)."""
     return run_sync(
-        aevaluate(agent, guide, dataset, concurrency=concurrency, values=values, min_score=min_score,
-                  max_failures=max_failures, rollout_timeout=rollout_timeout)
+        aevaluate(
+            agent,
+            guide,
+            dataset,
+            concurrency=concurrency,
+            values=values,
+            min_score=min_score,
+            max_failures=max_failures,
+            rollout_timeout=rollout_timeout,
+        )
     )

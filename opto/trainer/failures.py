@@ -6,8 +6,8 @@ import logging
 import math
 from collections.abc import Sequence
 
+from ..errors import OptoError, OptoTypeError, OptoValueError
 from ..rollout import Rollout
-from ..errors import OptoError
 
 __all__ = ["FailureLog", "TooManyFailures", "check_failures", "validate_max_failures"]
 
@@ -30,11 +30,11 @@ def validate_max_failures(max_failures: int | float | None) -> None:
     if max_failures is None:
         return
     if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)):
-        raise TypeError(f"max_failures must be an int, a float or None, got {type(max_failures).__name__}")
+        raise OptoTypeError(f"max_failures must be an int, a float or None, got {type(max_failures).__name__}")
     if isinstance(max_failures, int) and max_failures < 1:
-        raise ValueError(f"max_failures as a count must be >= 1, got {max_failures}")
+        raise OptoValueError(f"max_failures as a count must be >= 1, got {max_failures}")
     if isinstance(max_failures, float) and not 0.0 < max_failures <= 1.0:
-        raise ValueError(f"max_failures as a fraction must be within (0, 1], got {max_failures}")
+        raise OptoValueError(f"max_failures as a fraction must be within (0, 1], got {max_failures}")
 
 
 def check_failures(rollouts: Sequence[Rollout], max_failures: int | float | None, where: str) -> None:
@@ -69,5 +69,9 @@ class FailureLog:
                 logger.debug("%s: example %r failed: %s", where, rollout.example_id, rollout.error)
                 continue
             self._seen.add(kind)
-            logger.warning("%s: example %r failed: %s (further failures of this kind are logged at DEBUG)",
-                           where, rollout.example_id, rollout.error)
+            logger.warning(
+                "%s: example %r failed: %s (further failures of this kind are logged at DEBUG)",
+                where,
+                rollout.example_id,
+                rollout.error,
+            )

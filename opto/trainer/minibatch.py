@@ -17,23 +17,25 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .._async import run_sync
 from ..agent import Agent
-from ..data import DataLoader, Example, load_dataset
-from ..guides import Guide
 from ..callbacks import Callback, CallbackList, deliver_step
+from ..data import DataLoader, Example, load_dataset
+from ..errors import OptoTypeError, OptoValueError
 from ..events import LedgerEvent, StepRecord
+from ..guides import Guide
 from ..ledger import Checkpoint, RunDir, RunDirWriter
-from .resume import open_run
-from ..llm.errors import BudgetExceeded
-from ..rollout import AsyncioExecutor, RolloutExecutor
-from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
 from ..llm.base import Model
+from ..llm.errors import BudgetExceeded
+from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
+from ..rollout import AsyncioExecutor, RolloutExecutor
 from ..search.stopping import RunProgress, StopCondition
 from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
+from .resume import open_run
 
 __all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
 
 logger = logging.getLogger(__name__)
+
 
 class StepContext(BaseModel):
     """What one step needs besides its batch."""
@@ -135,9 +137,9 @@ class Minibatch:
 
     def __init__(self, agent: Agent, *, concurrency: int = 16, executor: RolloutExecutor | None = None) -> None:
         if not isinstance(agent, Agent):
-            raise TypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
+            raise OptoTypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
         self.agent = agent
         self.concurrency = concurrency
         self.executor: RolloutExecutor = executor or AsyncioExecutor(concurrency)
@@ -145,7 +147,7 @@ class Minibatch:
         # Settings a subclass adds to the run's config, which a resumed run must share.
         self.extra_config: dict[str, Any] = {}
         if not agent.parameters(trainable_only=True):
-            raise ValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
+            raise OptoValueError(f"{type(agent).__name__} has no trainable Parameter: nothing to optimize")
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
         """One step on `batch`: fill and return `ctx.step_record`."""
@@ -170,8 +172,11 @@ class Minibatch:
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
         """(whose, budget, which parts of a step it pays for) for each model budget of the run."""
         agent_parts = {"the initial test evaluation", "rollouts", "validation"}
-        return [(f"the agent's model {model.name!r}", model.budget, agent_parts)
-                for model in models_in(self.agent) if model.budget is not None]
+        return [
+            (f"the agent's model {model.name!r}", model.budget, agent_parts)
+            for model in models_in(self.agent)
+            if model.budget is not None
+        ]
 
     def check_budgets(self, budget: Budget | None, batch_size: int, test: list[Example] | None) -> None:
         """Refuse, before any call, a budget whose calls left cannot pay for one step."""
@@ -189,10 +194,11 @@ class Minibatch:
             parts = {what: n for what, n in need.items() if what in paid and n}
             if left is not None and left < sum(parts.values()):
                 listed = ", ".join(f"{n} for {what}" for what, n in parts.items())
-                raise ValueError(
+                raise OptoValueError(
                     f"the budget of {' and '.join(names)} has {left} calls left, and one step needs at least "
                     f"{sum(parts.values())} of them ({listed}; one model call per rollout assumed): raise its "
-                    "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)")
+                    "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)"
+                )
 
     def train(self, guide: Guide, train_dataset: Any, **kwargs: Any) -> TrainResult:
         """Synchronous `atrain`; also works inside a running event loop (Jupyter)."""
@@ -254,24 +260,32 @@ class Minibatch:
         needed: at least one model call per rollout is assumed.
         """
         if not hasattr(guide, "aget_feedback"):
-            raise TypeError(f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}")
+            raise OptoTypeError(
+                f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
+            )
         if not 0.0 <= stepsize <= 1.0:
-            raise ValueError(f"stepsize must be within [0, 1], got {stepsize}")
+            raise OptoValueError(f"stepsize must be within [0, 1], got {stepsize}")
         if num_epochs < 0:
-            raise ValueError(f"num_epochs must be >= 0, got {num_epochs}")
+            raise OptoValueError(f"num_epochs must be >= 0, got {num_epochs}")
         if eval_frequency is not None and eval_frequency < 1:
-            raise ValueError(f"eval_frequency must be >= 1 or None, got {eval_frequency}")
+            raise OptoValueError(f"eval_frequency must be >= 1 or None, got {eval_frequency}")
         if log_frequency is not None and log_frequency < 1:
-            raise ValueError(f"log_frequency must be >= 1 or None, got {log_frequency}")
+            raise OptoValueError(f"log_frequency must be >= 1 or None, got {log_frequency}")
         validate_max_failures(max_failures)
         if rollout_timeout is not None and not rollout_timeout > 0:
-            raise ValueError(f"rollout_timeout must be a positive number of seconds or None, got {rollout_timeout}")
+            raise OptoValueError(f"rollout_timeout must be a positive number of seconds or None, got {rollout_timeout}")
         started = time.monotonic()
         loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
         test = load_dataset(test_dataset) if test_dataset is not None else None
-        config = {"batch_size": batch_size, "seed": seed, "shuffle": shuffle,
-                  "num_examples": len(loader.dataset), "stepsize": stepsize, "num_epochs": num_epochs,
-                  **self.extra_config}
+        config = {
+            "batch_size": batch_size,
+            "seed": seed,
+            "shuffle": shuffle,
+            "num_examples": len(loader.dataset),
+            "stepsize": stepsize,
+            "num_epochs": num_epochs,
+            **self.extra_config,
+        }
         observers = CallbackList(callbacks or [])
         self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
@@ -289,14 +303,28 @@ class Minibatch:
         prior_usage = dict(state.usage)
         observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
 
-        bar = tqdm(total=num_epochs * len(loader), initial=state.step, disable=not progress,
-                   desc=type(self).__name__, unit="step")
+        bar = tqdm(
+            total=num_epochs * len(loader),
+            initial=state.step,
+            disable=not progress,
+            desc=type(self).__name__,
+            unit="step",
+        )
         failure_log = FailureLog()
 
         def context(step: int, epoch: int) -> StepContext:
-            return StepContext(step=step, epoch=epoch, guide=guide, stepsize=stepsize, min_score=min_score,
-                               verbose=verbose, max_failures=max_failures, rollout_timeout=rollout_timeout,
-                               failure_log=failure_log, step_record=StepRecord(step=step, epoch=epoch))
+            return StepContext(
+                step=step,
+                epoch=epoch,
+                guide=guide,
+                stepsize=stepsize,
+                min_score=min_score,
+                verbose=verbose,
+                max_failures=max_failures,
+                rollout_timeout=rollout_timeout,
+                failure_log=failure_log,
+                step_record=StepRecord(step=step, epoch=epoch),
+            )
 
         async def evaluate_now(ctx: StepContext, final: bool = False) -> float | None:
             result = await self._evaluate(test, ctx)  # type: ignore[arg-type]
@@ -319,9 +347,12 @@ class Minibatch:
         stopped: str | None = None
         unfinished: StepContext | None = None
         # With bars on screen, log lines (warnings, the per-step line) are written above them.
-        with meter_usage() as meter, (logging_redirect_tqdm() if progress else contextlib.nullcontext()), \
-                (budget_scope(budget) if budget is not None else contextlib.nullcontext()), \
-                stop_on_sigterm() as terminated:
+        with (
+            meter_usage() as meter,
+            logging_redirect_tqdm() if progress else contextlib.nullcontext(),
+            budget_scope(budget) if budget is not None else contextlib.nullcontext(),
+            stop_on_sigterm() as terminated,
+        ):
             try:
                 if test is not None and state.step == 0 and not state.test_scores:
                     state.test_scores.append((0, await evaluate_now(context(0, 0))))
@@ -355,9 +386,17 @@ class Minibatch:
                     if log_frequency and state.step % log_frequency == 0:
                         spent = sum(state.usage.values(), UsageStats())
                         decision = {True: "accepted", False: "rejected", None: "no candidate"}[record.accepted]
-                        logger.info("step %d (epoch %d): score %s, %s (candidate %s); %d calls, %d tokens, $%.4f so far",
-                                    state.step, epoch, _fmt(record.score), decision, _fmt(record.candidate_score),
-                                    spent.calls, spent.total_tokens, spent.cost_usd)
+                        logger.info(
+                            "step %d (epoch %d): score %s, %s (candidate %s); %d calls, %d tokens, $%.4f so far",
+                            state.step,
+                            epoch,
+                            _fmt(record.score),
+                            decision,
+                            _fmt(record.candidate_score),
+                            spent.calls,
+                            spent.total_tokens,
+                            spent.cost_usd,
+                        )
                 changed = self.finish()
                 state.parameters = self.agent.stored_values()
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
@@ -366,8 +405,12 @@ class Minibatch:
                         state.test_scores.pop()  # measured before the final values were chosen
                     state.test_scores.append((state.step, final))
                     state.final_evaluations.append(state.step)
-                    state.pending_metrics = {"step": state.step, "final": True, "test_score": final,
-                                             "test_interval": state.test_intervals.get(state.step)}
+                    state.pending_metrics = {
+                        "step": state.step,
+                        "final": True,
+                        "test_score": final,
+                        "test_interval": state.test_intervals.get(state.step),
+                    }
                     if writer is not None:  # the evaluation is kept before its line is written
                         writer.save_checkpoint(state)
                     self._save(writer, state, started)
@@ -396,22 +439,32 @@ class Minibatch:
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
         if run is None:
             if resume:
-                raise ValueError("resume=True needs run_dir: the folder of the run to continue")
+                raise OptoValueError("resume=True needs run_dir: the folder of the run to continue")
             return Checkpoint(config=config)
         return open_run(run, self.agent, loader, config, resume, extra_keys=tuple(self.extra_config))
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
-        return await aevaluate(self.agent, ctx.guide, test, executor=self.executor, min_score=ctx.min_score,
-                               progress=self._progress,
-                               max_failures=ctx.max_failures, rollout_timeout=ctx.rollout_timeout,
-                               failure_log=ctx.failure_log)
+        return await aevaluate(
+            self.agent,
+            ctx.guide,
+            test,
+            executor=self.executor,
+            min_score=ctx.min_score,
+            progress=self._progress,
+            max_failures=ctx.max_failures,
+            rollout_timeout=ctx.rollout_timeout,
+            failure_log=ctx.failure_log,
+        )
 
     @staticmethod
     def _track_best(state: Checkpoint, record: StepRecord) -> None:
         """Keep the values with the best validation score seen so far (the step's starting
         values are scored by its decisions too)."""
-        scored = [(d.current_score, record.start_values) for d in record.decisions[:1]
-                  if d.current_score is not None and record.start_values]
+        scored = [
+            (d.current_score, record.start_values)
+            for d in record.decisions[:1]
+            if d.current_score is not None and record.start_values
+        ]
         if record.accepted and record.candidate_score is not None:
             scored.append((record.candidate_score, state.parameters))
         for score, values in scored:
@@ -430,8 +483,13 @@ class Minibatch:
         state.loader_state = loader.state_dict()
         state.parameters = self.agent.stored_values()
         state.trainer_state = self.state_dict()
-        state.pending_metrics = {"step": state.step, "epoch": state.epoch, "score": record.score,
-                                 "accepted": record.accepted, "candidate_score": record.candidate_score}
+        state.pending_metrics = {
+            "step": state.step,
+            "epoch": state.epoch,
+            "score": record.score,
+            "accepted": record.accepted,
+            "candidate_score": record.candidate_score,
+        }
 
     @staticmethod
     def _save(writer: RunDirWriter | None, state: Checkpoint, started: float) -> None:
@@ -445,12 +503,17 @@ class Minibatch:
             total = sum(state.usage.values(), UsageStats())
             metrics = {
                 **metrics,
-                "test_score": state.test_scores[-1][1] if state.test_scores and state.test_scores[-1][0] == state.step
+                "test_score": state.test_scores[-1][1]
+                if state.test_scores and state.test_scores[-1][0] == state.step
                 else None,
                 "test_interval": state.test_intervals.get(state.step)
-                if state.test_scores and state.test_scores[-1][0] == state.step else None,
-                "calls": total.calls, "cached_calls": total.cached_calls, "tokens": total.total_tokens,
-                "cost_usd": total.cost_usd, "elapsed_s": round(time.monotonic() - started, 3),
+                if state.test_scores and state.test_scores[-1][0] == state.step
+                else None,
+                "calls": total.calls,
+                "cached_calls": total.cached_calls,
+                "tokens": total.total_tokens,
+                "cost_usd": total.cost_usd,
+                "elapsed_s": round(time.monotonic() - started, 3),
             }
         writer.run.log_metrics(metrics)
         state.pending_metrics = None
@@ -502,8 +565,14 @@ def models_in(root: Any, depth: int = 6) -> list[Model]:
 def _progress(state: Checkpoint, started: float) -> RunProgress:
     total = sum(state.usage.values(), UsageStats())
     best = state.best or {}
-    return RunProgress(step=state.step, calls=total.calls, cost_usd=total.cost_usd,
-                       seconds=time.monotonic() - started, best_score=best.get("score"), best_step=best.get("step", 0))
+    return RunProgress(
+        step=state.step,
+        calls=total.calls,
+        cost_usd=total.cost_usd,
+        seconds=time.monotonic() - started,
+        best_score=best.get("score"),
+        best_step=best.get("step", 0),
+    )
 
 
 @contextlib.contextmanager
@@ -534,12 +603,20 @@ def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecor
         writer.keep_unfinished(unfinished)  # an unfinished step: resume discards and redoes it
     except Exception as exc:
         if writer.owes(state.step):
-            logger.error("could not write step %d's ledger records to %s (%s): the checkpoint stays at the last "
-                         "saved step, and resume=True redoes step %d", state.step, writer.run.ledger_path, exc,
-                         state.step)
+            logger.error(
+                "could not write step %d's ledger records to %s (%s): the checkpoint stays at the last "
+                "saved step, and resume=True redoes step %d",
+                state.step,
+                writer.run.ledger_path,
+                exc,
+                state.step,
+            )
             return
-        logger.error("could not write the unfinished step's ledger records to %s (%s); resume redoes that step",
-                     writer.run.ledger_path, exc)
+        logger.error(
+            "could not write the unfinished step's ledger records to %s (%s); resume redoes that step",
+            writer.run.ledger_path,
+            exc,
+        )
     writer.save_checkpoint(state)
 
 

@@ -29,14 +29,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-
 from .._async import gather_all
+from .._io import json_key
 from ..agent import Agent
 from ..data import Example
+from ..errors import OptoValueError
+from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
 from ..guides import Guide
 from ..optimizers import Proposal
-from .._io import json_key
-from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from .minibatch import StepContext
 
@@ -50,7 +50,7 @@ PROPOSAL_SCORING_MODES: tuple[str, ...] = ("instance", "minibatch")
 def check_score_proposals(mode: str | None) -> str | None:
     """Validate the trainer's `score_proposals` setting; returns it unchanged."""
     if mode is not None and mode not in PROPOSAL_SCORING_MODES:
-        raise ValueError(
+        raise OptoValueError(
             f"score_proposals must be None, 'instance' or 'minibatch', got {mode!r}: 'instance' re-runs the "
             "instance a proposal was made for, 'minibatch' the step's whole batch"
         )
@@ -101,8 +101,14 @@ async def score_proposals(
 
     async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
         async with gate:
-            return await runner.run(agent, guide, examples, values=agent.resolve(cast(Mapping[Any, Any], update)),
-                                    min_score=min_score, timeout=timeout)
+            return await runner.run(
+                agent,
+                guide,
+                examples,
+                values=agent.resolve(cast(Mapping[Any, Any], update)),
+                min_score=min_score,
+                timeout=timeout,
+            )
 
     def examples_for(proposal: Proposal) -> list[Example]:
         if mode == "minibatch":
@@ -111,8 +117,7 @@ async def score_proposals(
         return [example] if example is not None else []
 
     async def one(proposal: Proposal) -> tuple[ProposalScore, list[Rollout]]:
-        base: dict[str, Any] = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id,
-                                "mode": mode}
+        base: dict[str, Any] = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id, "mode": mode}
         examples = examples_for(proposal)
         if not examples:
             return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []
@@ -121,8 +126,9 @@ async def score_proposals(
                 return ProposalScore(**base, note="the proposal carries no usable update; nothing to score"), []
             ids = {e.id for e in examples}
             current = mean_score([r for r in rollouts if r.example_id in ids])
-            return ProposalScore(**base, score=current,
-                                 note="no change proposed: the current values' score is its score"), []
+            return ProposalScore(
+                **base, score=current, note="no change proposed: the current values' score is its score"
+            ), []
         key = json_key([[e.id for e in examples], proposal.update])
         if key not in shared:
             shared[key] = asyncio.ensure_future(run(examples, proposal.update))
@@ -145,11 +151,20 @@ async def score_proposals(
     if ctx is not None:
         for result, scored in results:
             for rollout in scored:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="proposal_validation", proposal_id=result.proposal_id,
-                                      **rollout.to_record()))
+                ctx.emit(
+                    RolloutEvent(
+                        step=ctx.step,
+                        phase="proposal_validation",
+                        proposal_id=result.proposal_id,
+                        **rollout.to_record(),
+                    )
+                )
             ctx.emit(ProposalScoreEvent(step=ctx.step, **result.model_dump(mode="json")))
     scores = [result for result, _ in results]
-    logger.info("scored %d proposals (%s): %s", len(scores), mode,
-                ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores))
+    logger.info(
+        "scored %d proposals (%s): %s",
+        len(scores),
+        mode,
+        ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores),
+    )
     return scores
-

@@ -28,8 +28,14 @@ logger = logging.getLogger(__name__)
 RESUME_KEYS = ("batch_size", "seed", "shuffle", "num_examples")
 
 
-def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, Any], resume: bool,
-             extra_keys: tuple[str, ...] = ()) -> Checkpoint:
+def open_run(
+    run: RunDir,
+    agent: Agent,
+    loader: DataLoader,
+    config: dict[str, Any],
+    resume: bool,
+    extra_keys: tuple[str, ...] = (),
+) -> Checkpoint:
     """The state to start from: a new checkpoint, or the saved one with the agent's values
     and the loader's position restored and the unsaved lines discarded. `extra_keys`:
     more settings of `config` the resumed run must share (a trainer's own)."""
@@ -40,22 +46,27 @@ def open_run(run: RunDir, agent: Agent, loader: DataLoader, config: dict[str, An
             raise RunDirError(
                 f"{run.path} holds the files of a run ({found}) but no checkpoint.json, so it can be neither "
                 "resumed nor overwritten safely. Nothing was changed: restore checkpoint.json from a backup, "
-                "or choose another run_dir")
+                "or choose another run_dir"
+            )
         if resume:
             logger.info("nothing to resume in %s; starting a new run", run.path)
         run.reset()
         run.remove_stale_temp_files()
         return Checkpoint(config=config)
     if not resume:
-        raise RunDirError(f"{run.path} already holds a run (step {saved.step}); pass resume=True to continue it, "
-                          "or choose another run_dir")
+        raise RunDirError(
+            f"{run.path} already holds a run (step {saved.step}); pass resume=True to continue it, "
+            "or choose another run_dir"
+        )
     for key in RESUME_KEYS:
         if key not in saved.config:
             raise damaged(run.checkpoint_path, f"config: it has no {key}")
     for key in (*RESUME_KEYS, *extra_keys):
         if saved.config.get(key) != config.get(key):
-            raise RunDirError(f"cannot resume {run.path}: it was started with {key}={_short(saved.config.get(key))}, "
-                              f"this call has {key}={_short(config.get(key))}")
+            raise RunDirError(
+                f"cannot resume {run.path}: it was started with {key}={_short(saved.config.get(key))}, "
+                f"this call has {key}={_short(config.get(key))}"
+            )
     _check_values(agent, saved.parameters, run.checkpoint_path, "parameters")
     try:
         if saved.loader_state:
@@ -90,8 +101,11 @@ def _check_run_files(run: RunDir, saved: Checkpoint, agent: Agent) -> None:
         _step_of(record, run.ledger_path, number, None)
     covered = sum(1 for record in ledger if record["step"] <= saved.step)
     if saved.ledger_records is not None and covered != saved.ledger_records:
-        raise damaged(run.ledger_path, f"it holds {covered} records of steps up to {saved.step}, and "
-                                       f"checkpoint.json counts {saved.ledger_records} (ledger_records)")
+        raise damaged(
+            run.ledger_path,
+            f"it holds {covered} records of steps up to {saved.step}, and "
+            f"checkpoint.json counts {saved.ledger_records} (ledger_records)",
+        )
     for path in (run.metrics_path, run.eval_path):
         for number, record in enumerate(_records(path), start=1):
             _step_of(record, path, number, saved.step)
@@ -138,8 +152,9 @@ def _check_values(agent: Agent, values: Any, path: Path, field: str) -> None:
     prefix = f"{field}." if field else ""
     for name, value in values.items():
         if name not in named:
-            raise damaged(path, f"{prefix}{name}: {type(agent).__name__} has no such parameter (it has "
-                                f"{sorted(named)})")
+            raise damaged(
+                path, f"{prefix}{name}: {type(agent).__name__} has no such parameter (it has {sorted(named)})"
+            )
         try:
             named[name].validate(value)
         except (ValueError, TypeError) as exc:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .._async import run_sync
 from ..agent import Agent
 from ..data import Example
+from ..errors import OptoValueError
 from ..events import StepRecord
 from ..guides import Guide
 from ..optimizers import Proposal
@@ -66,13 +67,25 @@ class TraceCompatible:
     async def aupdate(self, outputs: Sequence[InstanceOutput]) -> StepOutcome:
         """Async `update`."""
         if getattr(self, "guide", None) is None:
-            raise ValueError("update() needs the guide given to forward(); call forward() first")
+            raise OptoValueError("update() needs the guide given to forward(); call forward() first")
         rollouts = [o.rollout for o in outputs]
         proposals = [p for o in outputs for p in o.proposals]
         record: StepRecord = await self._decide(rollouts, proposals, self._context())  # type: ignore[attr-defined]
-        return StepOutcome(score=record.score, accepted=record.accepted, candidate_score=record.candidate_score,
-                           update=record.update, note=record.note)
+        return StepOutcome(
+            score=record.score,
+            accepted=record.accepted,
+            candidate_score=record.candidate_score,
+            update=record.update,
+            note=record.note,
+        )
 
     def _context(self) -> StepContext:
-        return StepContext(step=0, epoch=0, guide=self.guide, stepsize=self.stepsize, min_score=self.min_score,
-                           verbose=False, step_record=StepRecord(step=0))
+        return StepContext(
+            step=0,
+            epoch=0,
+            guide=self.guide,
+            stepsize=self.stepsize,
+            min_score=self.min_score,
+            verbose=False,
+            step_record=StepRecord(step=0),
+        )

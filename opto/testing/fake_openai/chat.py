@@ -6,10 +6,12 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Union
 from urllib.parse import urlsplit
 
+from ...errors import OptoValueError
 from ...llm.types import content_text
 from .http import RecordedRequest, Response, error, estimate_tokens, json_response, new_id
 from .latency import LognormalLatency
@@ -48,8 +50,10 @@ class FakeReply:
     def __post_init__(self) -> None:
         if self.tool_calls is not None:
             if not isinstance(self.tool_calls, list):
-                raise ValueError(f"FakeReply(tool_calls=...) takes a list of tool calls, got "
-                                 f"{type(self.tool_calls).__name__}; {_TOOL_CALL_SHAPES}")
+                raise OptoValueError(
+                    f"FakeReply(tool_calls=...) takes a list of tool calls, got "
+                    f"{type(self.tool_calls).__name__}; {_TOOL_CALL_SHAPES}"
+                )
             self.tool_calls = [_flat_tool_call(call) for call in self.tool_calls]
 
 
@@ -76,12 +80,13 @@ class ChatAPI:
     _lock: threading.Lock
     requests: list[RecordedRequest]
 
-    def _init_chat(self, reply: ReplySpec, latency: float | LognormalLatency, model: str,
-                   rate_limit_rps: float | None) -> None:
+    def _init_chat(
+        self, reply: ReplySpec, latency: float | LognormalLatency, model: str, rate_limit_rps: float | None
+    ) -> None:
         if isinstance(reply, list) and not reply:
-            raise ValueError("reply list must not be empty")
+            raise OptoValueError("reply list must not be empty")
         if rate_limit_rps is not None and rate_limit_rps <= 0:
-            raise ValueError(f"rate_limit_rps must be > 0 or None, got {rate_limit_rps}")
+            raise OptoValueError(f"rate_limit_rps must be > 0 or None, got {rate_limit_rps}")
         self.reply = reply
         self.latency = latency
         self.model = model
@@ -225,6 +230,8 @@ class ChatAPI:
             response.headers["Retry-After"] = f"{fault.retry_after:g}"
         if fault.retry_after_ms is not None:
             response.headers["retry-after-ms"] = str(fault.retry_after_ms)
+        # As OpenAI does, so a client's errors can carry the request's id.
+        response.headers["x-request-id"] = f"req_fake_{len(self.chat_requests)}"
         return response
 
     def _make_reply(self, body: dict[str, Any], n: int) -> FakeReply:
@@ -244,7 +251,7 @@ class ChatAPI:
         reply = result if isinstance(result, FakeReply) else FakeReply(texts=result)
         texts = [reply.texts] * n if isinstance(reply.texts, str) else list(reply.texts)
         if len(texts) != n:
-            raise ValueError(f"the reply gave {len(texts)} texts but the request asked for n={n}")
+            raise OptoValueError(f"the reply gave {len(texts)} texts but the request asked for n={n}")
         finish = "tool_calls" if reply.tool_calls and reply.finish_reason == "stop" else reply.finish_reason
         return FakeReply(texts, finish, reply.status, reply.prompt_tokens, reply.completion_tokens, reply.tool_calls)
 
@@ -273,7 +280,8 @@ class ChatAPI:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens
-                if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int) else None,
+                if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int)
+                else None,
             },
         }
 
@@ -283,18 +291,25 @@ def _logprobs(text: str) -> dict[str, Any]:
     words = [word + " " for word in text.split(" ")] if text else []
     if words:
         words[-1] = words[-1][:-1]
-    return {"content": [{"token": word, "logprob": round(-0.1 * (i + 1), 4), "bytes": list(word.encode()),
-                         "top_logprobs": []} for i, word in enumerate(words)], "refusal": None}
+    return {
+        "content": [
+            {"token": word, "logprob": round(-0.1 * (i + 1), 4), "bytes": list(word.encode()), "top_logprobs": []}
+            for i, word in enumerate(words)
+        ],
+        "refusal": None,
+    }
 
 
 def _cut_at(text: str, stops: list[Any]) -> str:
     ends = [text.find(stop) for stop in stops if isinstance(stop, str) and stop and stop in text]
-    return text[:min(ends)] if ends else text
+    return text[: min(ends)] if ends else text
 
 
-_TOOL_CALL_SHAPES = ('a tool call is {"name": "get_weather", "arguments": {"city": "Paris"}} (arguments a dict '
-                     'or JSON text, "id" optional) or {"id": "call_1", "type": "function", "function": '
-                     '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}')
+_TOOL_CALL_SHAPES = (
+    'a tool call is {"name": "get_weather", "arguments": {"city": "Paris"}} (arguments a dict '
+    'or JSON text, "id" optional) or {"id": "call_1", "type": "function", "function": '
+    '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}}'
+)
 
 
 def _flat_tool_call(call: Any) -> dict[str, Any]:
@@ -305,17 +320,29 @@ def _flat_tool_call(call: Any) -> dict[str, Any]:
     elif isinstance(call, dict) and "function" not in call:
         id_, name, arguments = call.get("id"), call.get("name"), call.get("arguments", {})
     else:
-        raise ValueError(f"FakeReply cannot script the tool call {call!r}: {_TOOL_CALL_SHAPES}")
-    if not isinstance(name, str) or not name or not isinstance(arguments, (str, dict)) or (
-            id_ is not None and not isinstance(id_, str)):
-        raise ValueError(f"FakeReply cannot script the tool call {call!r}: it needs a non-empty name, arguments as "
-                         f"a dict or JSON text and a text id (or none); {_TOOL_CALL_SHAPES}")
+        raise OptoValueError(f"FakeReply cannot script the tool call {call!r}: {_TOOL_CALL_SHAPES}")
+    if (
+        not isinstance(name, str)
+        or not name
+        or not isinstance(arguments, (str, dict))
+        or (id_ is not None and not isinstance(id_, str))
+    ):
+        raise OptoValueError(
+            f"FakeReply cannot script the tool call {call!r}: it needs a non-empty name, arguments as "
+            f"a dict or JSON text and a text id (or none); {_TOOL_CALL_SHAPES}"
+        )
     return {"id": id_, "name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}
 
 
 def _message(text: str, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
     if not tool_calls:
         return {"role": "assistant", "content": text, "refusal": None}
-    calls = [{"id": call["id"] or new_id("call"), "type": "function",
-              "function": {"name": call["name"], "arguments": call["arguments"]}} for call in tool_calls]
+    calls = [
+        {
+            "id": call["id"] or new_id("call"),
+            "type": "function",
+            "function": {"name": call["name"], "arguments": call["arguments"]},
+        }
+        for call in tool_calls
+    ]
     return {"role": "assistant", "content": text or None, "refusal": None, "tool_calls": calls}

@@ -75,15 +75,17 @@ class FineTuningJob:
             self.add_event(str(failure_error.get("message", "The job failed.")), level="error")
 
     def add_event(self, message: str, level: str = "info") -> None:
-        self.events.append({
-            "object": "fine_tuning.job.event",
-            "id": new_id("ftevent"),
-            "created_at": int(time.time()),
-            "level": level,
-            "message": message,
-            "type": "message",
-            "data": None,
-        })
+        self.events.append(
+            {
+                "object": "fine_tuning.job.event",
+                "id": new_id("ftevent"),
+                "created_at": int(time.time()),
+                "level": level,
+                "message": message,
+                "type": "message",
+                "data": None,
+            }
+        )
 
 
 class FineTuningAPI:

@@ -16,8 +16,19 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["HTTPServer", "Handler", "RecordedRequest", "Response", "error", "estimate_tokens", "json_response", "new_id",
-           "parse_multipart"]
+from ...errors import OptoValueError
+
+__all__ = [
+    "HTTPServer",
+    "Handler",
+    "RecordedRequest",
+    "Response",
+    "error",
+    "estimate_tokens",
+    "json_response",
+    "new_id",
+    "parse_multipart",
+]
 
 # Error `type`/`code` OpenAI uses for the common statuses, so clients that branch on them behave.
 _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -27,6 +38,7 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
     404: ("invalid_request_error", "not_found"),
     429: ("requests", "rate_limit_exceeded"),
 }
+
 
 @dataclass(frozen=True)
 class RecordedRequest:
@@ -82,7 +94,7 @@ def parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | Non
     header = email.parser.Parser(policy=email.policy.HTTP).parsestr(f"Content-Type: {content_type}\r\n\r\n")
     boundary = header.get_param("boundary")
     if not isinstance(boundary, str):
-        raise ValueError("multipart body without a boundary")
+        raise OptoValueError("multipart body without a boundary")
     # Each part is preceded by CRLF--boundary; prefixing a CRLF makes the first one uniform.
     chunks = (b"\r\n" + body).split(b"\r\n--" + boundary.encode())
     fields: dict[str, tuple[str | None, bytes]] = {}
@@ -95,6 +107,7 @@ def parse_multipart(body: bytes, content_type: str) -> dict[str, tuple[str | Non
         if isinstance(name, str):
             fields[name] = (part.get_filename(), content)
     return fields
+
 
 class HTTPServer(ThreadingHTTPServer):
     daemon_threads = True

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+from ...errors import OptoValueError
+
 __all__ = ["LognormalLatency"]
 
 
@@ -23,9 +25,9 @@ class LognormalLatency:
 
     def __init__(self, median: float, sigma: float, seed: int = 0) -> None:
         if not median > 0:
-            raise ValueError(f"median must be > 0 seconds, got {median!r}")
+            raise OptoValueError(f"median must be > 0 seconds, got {median!r}")
         if not sigma >= 0:
-            raise ValueError(f"sigma must be >= 0, got {sigma!r}")
+            raise OptoValueError(f"sigma must be >= 0, got {sigma!r}")
         self.median, self.sigma, self.seed = median, sigma, seed
         self._rng = random.Random(seed)
 

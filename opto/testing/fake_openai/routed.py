@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 import socket
 import threading
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from typing_extensions import Self
 
+from ...errors import UsageError
 from .http import Handler, HTTPServer, RecordedRequest, Response, error
 
 __all__ = ["RoutedServer"]
@@ -38,13 +39,13 @@ class RoutedServer:
     def root_url(self) -> str:
         """The server's root, e.g. "http://127.0.0.1:54321"."""
         if self._httpd is None:
-            raise RuntimeError(f"{type(self).__name__} is not running; call start() or use it as a context manager")
+            raise UsageError(f"{type(self).__name__} is not running; call start() or use it as a context manager")
         return f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
     def start(self) -> Self:
         """Start serving in a daemon thread; returns self."""
         if self._httpd is not None:
-            raise RuntimeError(f"{type(self).__name__} is already started")
+            raise UsageError(f"{type(self).__name__} is already started")
         self._stopping.clear()
         self._httpd = HTTPServer(("127.0.0.1", self._port), Handler)
         self._httpd.fake = self
@@ -110,4 +111,3 @@ class RoutedServer:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
-

@@ -17,7 +17,8 @@ def other_distributions(path: list[str] | None = None) -> list[str]:
     files; whichever was installed last wins file by file, so neither works reliably.
     """
     found = set()
-    for dist in importlib.metadata.distributions(**({"path": path} if path is not None else {})):
+    found_in = importlib.metadata.distributions() if path is None else importlib.metadata.distributions(path=path)
+    for dist in found_in:
         name = dist.metadata["Name"] or ""
         if name.lower().replace("_", "-") != DISTRIBUTION and _provides_opto(dist):
             found.add(name)

@@ -198,7 +198,7 @@ def _is_json(data: bytes) -> bool:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every complete record; a torn last line (from a crash mid-append) is ignored."""
-    records = []
+    records: list[dict[str, Any]] = []
     path = Path(path)
     if not path.exists():
         return records

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._io import atomic_write_json
 from .errors import OptoKeyError, OptoValueError
-from .parameters import Parameter, ParameterError, assign
+from .parameters import Parameter, ParameterError, ParameterValues, assign
 
 __all__ = ["Agent", "agent"]
 
@@ -87,7 +87,7 @@ class Agent:
         """{name: stored value}, ignoring any assignment context (what a checkpoint keeps)."""
         return {p.name: p.stored_value for p in self.parameters(trainable_only)}  # type: ignore[misc]
 
-    def resolve(self, values: Mapping[Parameter | str, Any]) -> dict[Parameter, Any]:
+    def resolve(self, values: ParameterValues) -> dict[Parameter, Any]:
         """Map names to this agent's parameters; an unknown name is an error."""
         named = self.named_parameters()
         resolved: dict[Parameter, Any] = {}
@@ -99,11 +99,11 @@ class Agent:
             resolved[key] = value
         return resolved
 
-    def assign(self, values: Mapping[Parameter | str, Any]) -> contextlib.AbstractContextManager[None]:
+    def assign(self, values: ParameterValues) -> contextlib.AbstractContextManager[None]:
         """`opto.assign` with names resolved within this agent."""
         return assign(self.resolve(values))
 
-    def apply(self, values: Mapping[Parameter | str, Any]) -> None:
+    def apply(self, values: ParameterValues) -> None:
         """Write stored values (all validated first, so a bad value changes nothing)."""
         resolved = self.resolve(values)
         for param, value in resolved.items():
@@ -176,7 +176,7 @@ class _FunctionAgent(Agent):
     def __init__(self, fn: Callable[..., Any], params: dict[str, Parameter]) -> None:
         self._fn = fn
         self.params = params
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
         self._is_async = inspect.iscoroutinefunction(fn)
 
     def parameters(self, trainable_only: bool = False) -> list[Parameter]:

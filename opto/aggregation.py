@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from ._async import gather_all
 from ._io import json_key
 from .demo_rules import merge_demo_lists
-from .errors import OptoValueError
+from .errors import OptoValueError, UsageError
 from .extraction import construct_update_dict, extract_llm_suggestion
 from .llm.base import Model
 from .llm.usage import estimate_tokens
@@ -277,7 +277,7 @@ class Aggregator:
         self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float, n: int, level: int
     ) -> list[Candidate]:
         messages = self._messages(params, suggestions, stepsize)
-        completion = await self.model.complete(
+        completion = await self._model().complete(
             messages,
             response_format=self._format(params),
             temperature=self.temperature,
@@ -292,6 +292,11 @@ class Aggregator:
             candidates.append(candidate)
         return candidates
 
+    def _model(self) -> Model:
+        if self.model is None:  # only demo lists are merged without a model, and never by a call
+            raise UsageError("this Aggregator has no model to merge suggestions with")
+        return self.model
+
     async def _read(self, params: Sequence[Parameter], messages: list, text: str, truncated: bool) -> Candidate:
         """Read a candidate; an unreadable or truncated reply gets one repair request."""
         candidate = Candidate.read(params, text, messages)
@@ -302,7 +307,7 @@ class Aggregator:
                 {"role": "user", "content": self.repair_template.render_user(truncated=truncated)},
             ]
             logger.warning("aggregator reply %s; asking once more", "was truncated" if truncated else "was unreadable")
-            retry = await self.model.complete(  # type: ignore[union-attr]
+            retry = await self._model().complete(
                 repair,
                 response_format=self._format(params),
                 temperature=self.temperature,

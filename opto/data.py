@@ -98,9 +98,9 @@ def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        bad_line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise DatasetError(
-            f"{path} is not UTF-8 text (byte {exc.start}, on line {line}, cannot be decoded: {exc.reason}); "
+            f"{path} is not UTF-8 text (byte {exc.start}, on line {bad_line}, cannot be decoded: {exc.reason}); "
             "a dataset file must be JSON lines in UTF-8 (is it a binary or compressed file?)"
         ) from None
     # split on "\n" only: JSON text may hold U+2028, which splitlines() would break on

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from .errors import OptoError, OptoTypeError
 
@@ -272,8 +272,12 @@ def track_reads() -> Iterator[set[str]]:
         _READS.reset(token)
 
 
+#: Values keyed by `Parameter` objects, by names, or by both.
+ParameterValues = Union[Mapping[Parameter, Any], Mapping[str, Any], Mapping[Union[Parameter, str], Any]]
+
+
 @contextlib.contextmanager
-def assign(values: Mapping[Parameter | str, Any]) -> Iterator[None]:
+def assign(values: ParameterValues) -> Iterator[None]:
     """Set parameter values for the current task only.
 
     Keys are `Parameter` objects or names (a name applies to every parameter of that

@@ -264,7 +264,8 @@ def _plot(
         ]
         marked = [(s, v) for s, v in marked if v is not None]
         if marked:
-            ax.scatter(*zip(*marked), marker=marker, s=80, color=color, label=f"{label} (candidate score)", zorder=3)
+            xs, ys = [s for s, _ in marked], [float(v) for _, v in marked if v is not None]
+            ax.scatter(xs, ys, marker=marker, s=80, color=color, label=f"{label} (candidate score)", zorder=3)
             points[label] = len(marked)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")

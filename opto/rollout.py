@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -21,7 +21,7 @@ from .guides import Guide
 from .llm.errors import BudgetExceeded, describe_error
 from .llm.tracing import record_llm_calls
 from .llm.usage import meter_usage, run_budgets
-from .parameters import Parameter, assign, track_reads
+from .parameters import ParameterValues, assign, track_reads
 
 __all__ = [
     "AsyncioExecutor",
@@ -93,7 +93,7 @@ async def run_rollout(
     guide: Guide,
     example: Example,
     *,
-    values: Mapping[Parameter, Any] | None = None,
+    values: ParameterValues | None = None,
     min_score: float | None = None,
     timeout: float | None = None,
 ) -> Rollout:
@@ -109,14 +109,14 @@ async def run_rollout(
     with assign(values or {}):
         base["values_hash"] = values_digest(agent)  # before tracking: the digest is not the agent's read
         with record_llm_calls() as trace, track_reads() as reads, meter_usage() as meter:
-            try:
-                if timeout is None:
-                    fields = await _agent_then_guide(agent, guide, example, min_score)
-                else:
+            if timeout is None:
+                fields = await _agent_then_guide(agent, guide, example, min_score)
+            else:
+                try:
                     fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
-            except TimeoutError:
-                logger.debug("rollout on %s timed out after %s s", example.id, timeout)
-                fields = timeout_fields(timeout, min_score)
+                except TimeoutError:
+                    logger.debug("rollout on %s timed out after %s s", example.id, timeout)
+                    fields = timeout_fields(timeout, min_score)
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
@@ -132,9 +132,10 @@ async def run_rollout(
     )
 
 
-def timeout_fields(timeout: float, min_score: float | None) -> dict[str, Any]:
+def timeout_fields(timeout: float | None, min_score: float | None) -> dict[str, Any]:
     """A rollout's score, feedback and error when it ran past `timeout` seconds."""
-    error = f"timeout: the agent and guide took longer than rollout_timeout={timeout:g} s"
+    limit = f"rollout_timeout={timeout:g} s" if timeout is not None else "its rollout_timeout"
+    error = f"timeout: the agent and guide took longer than {limit}"
     return {"score": min_score, "feedback": f"The run was stopped: {error}", "error": error}
 
 
@@ -175,7 +176,7 @@ async def run_rollouts(
     guide: Guide,
     examples: Sequence[Example],
     *,
-    values: Mapping[Parameter, Any] | None = None,
+    values: ParameterValues | None = None,
     min_score: float | None = None,
     concurrency: int = 16,
     timeout: float | None = None,
@@ -209,7 +210,7 @@ class RolloutExecutor(Protocol):
         guide: Guide,
         examples: Sequence[Example],
         *,
-        values: Mapping[Parameter, Any] | None = None,
+        values: ParameterValues | None = None,
         min_score: float | None = None,
         timeout: float | None = None,
         on_result: Callable[[Rollout], None] | None = None,
@@ -239,7 +240,7 @@ class AsyncioExecutor:
         guide: Guide,
         examples: Sequence[Example],
         *,
-        values: Mapping[Parameter, Any] | None = None,
+        values: ParameterValues | None = None,
         min_score: float | None = None,
         timeout: float | None = None,
         on_result: Callable[[Rollout], None] | None = None,

@@ -31,7 +31,8 @@ def parameter_schema(param: Parameter) -> dict[str, Any]:
     if constraint.max is not None and param.type in (int, float):
         schema["maximum"] = constraint.max
     if constraint.max_length is not None:
-        key = {str: "maxLength", list: "maxItems"}.get(param.type)
+        lengths: dict[type, str] = {str: "maxLength", list: "maxItems"}
+        key = lengths.get(param.type)
         if key:
             schema[key] = constraint.max_length
     return schema

@@ -307,7 +307,7 @@ class _Chain:
         untuned.apply({**agent.stored_values(), "demos": []})
         result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
         own = {
-            e.id: (str(output), score or 0.0)
+            str(e.id): (str(output), score or 0.0)
             for e, output, score in zip(examples, result.outputs, result.scores)
             if output is not None
         }

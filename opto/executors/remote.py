@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._async import gather_all
@@ -28,7 +28,7 @@ from ..llm.errors import BudgetExceeded
 from ..llm.sampling import current_sampling
 from ..llm.shared_limits import Link
 from ..llm.usage import UsageStats, add_to_meters, run_budgets
-from ..parameters import Parameter
+from ..parameters import ParameterValues
 from ..rollout import Rollout, timeout_fields
 from .coordinator import CoordinatorHub
 from .shipping import Shipment, ship, values_by_name
@@ -123,7 +123,7 @@ class RemoteExecutor:
         guide: Guide,
         examples: Sequence[Example],
         *,
-        values: Mapping[Parameter, Any] | None = None,
+        values: ParameterValues | None = None,
         min_score: float | None = None,
         timeout: float | None = None,
         on_result: Callable[[Rollout], None] | None = None,
@@ -180,7 +180,7 @@ class RemoteExecutor:
                     x=task.example.x,
                     info=task.example.info,
                     **timeout_fields(task.timeout, task.min_score),
-                )  # type: ignore[arg-type]
+                )
             except WorkerLost as exc:
                 logger.warning(
                     "rollout on %s: attempt %d/%d lost its worker (%s)%s",

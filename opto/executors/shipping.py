@@ -17,7 +17,7 @@ from ..agent import Agent
 from ..errors import MissingDependencyError, OptoError, OptoValueError
 from ..guides import Guide
 from ..llm.shared_limits import LimitsHub, shipping_to
-from ..parameters import Parameter, current_assignment
+from ..parameters import Parameter, ParameterValues, current_assignment
 
 __all__ = ["ShippingError", "Shipment", "ship", "values_by_name"]
 
@@ -100,7 +100,7 @@ def _children(obj: Any, path: str) -> list[tuple[str, Any]]:
     return []
 
 
-def values_by_name(values: Mapping[Parameter | str, Any] | None) -> dict[str, Any]:
+def values_by_name(values: ParameterValues | None) -> dict[str, Any]:
     """The values a rollout runs under (the caller's own assignment included), keyed by name."""
     merged: dict[str, Any] = {}
     for source in (current_assignment(), values or {}):

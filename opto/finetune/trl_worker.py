@@ -62,7 +62,7 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
     supervised = job.get("method") == "sft"
     config_class, trainer_class = (SFTConfig, SFTTrainer) if supervised else (DPOConfig, DPOTrainer)
 
-    class Progress(TrainerCallback):  # type: ignore[misc]
+    class Progress(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             total = state.max_steps or 0
             files.update(
@@ -102,7 +102,7 @@ def train(files: JobFiles, job: dict[str, Any]) -> Path | None:
         peft_config = LoraConfig(**job["lora"])
     trainer = trainer_class(
         model=job["model_path"],
-        args=args,
+        args=args,  # type: ignore[arg-type]  # SFTConfig for SFTTrainer, DPOConfig for DPOTrainer
         train_dataset=train_set,
         eval_dataset=evaluation,
         processing_class=tokenizer,
@@ -144,7 +144,7 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
     if job.get("lora"):
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(**job["lora"]))
+        model = get_peft_model(model, LoraConfig(**job["lora"]))  # type: ignore[assignment]  # a wrapped model
     completions, dropped = completions_of(read_jsonl(job["dataset"]))
     if not completions:
         raise DatasetFormatError(

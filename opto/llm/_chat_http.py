@@ -74,6 +74,6 @@ def _env_proxy(url: str) -> str | None:
     """The proxy the environment (HTTPS_PROXY, NO_PROXY, ...) sets for `url`, looked up once:
     aiohttp's trust_env would read the environment again on every request."""
     parts = urlsplit(url)
-    if urllib.request.proxy_bypass_environment(parts.hostname or ""):
+    if urllib.request.proxy_bypass_environment(parts.hostname or ""):  # type: ignore[attr-defined]  # public, unstubbed
         return None
     return urllib.request.getproxies_environment().get(parts.scheme)

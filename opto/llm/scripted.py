@@ -62,14 +62,15 @@ class ScriptedModel(Model):
         tokens: list[list[dict[str, Any]]] = []
         finish = "stop"
         for _ in range(kwargs["n"]):
-            item = await self._next(messages)
+            item: Any = await self._next(messages)
             if isinstance(item, BaseException):
                 raise item
             sample_calls: list[ToolCall] = []
             sample_tokens: list[dict[str, Any]] = []
             if isinstance(item, Completion):
-                finish = item.finish_reason if item.truncated else finish
-                item, sample_calls, sample_tokens = item.text, item.tool_calls, item.logprobs
+                finish = (item.finish_reason or finish) if item.truncated else finish
+                sample_calls, sample_tokens = item.tool_calls, item.logprobs or []
+                item = item.text or ""
             if not isinstance(item, str):
                 raise OptoTypeError(f"ScriptedModel replies must be str, got {type(item).__name__}")
             if sample_calls and "tools" not in kwargs:

@@ -153,7 +153,7 @@ class TransformersModel(Model):
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
         logger.info("loading %s on %s", where, device)
-        model = transformers.AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, **kwargs)
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype, **kwargs)
         if self.adapter is not None:
             model = _with_adapter(model, self.adapter, self.path)
         model.to(device).eval()
@@ -182,7 +182,8 @@ class TransformersModel(Model):
             )
         loop = asyncio.get_running_loop()
         # Once loaded, no hop to a thread: calls started together must reach the batch together.
-        _, tokenizer, _ = self._loaded or await loop.run_in_executor(None, self.load)
+        loaded: Any = self._loaded or await loop.run_in_executor(None, self.load)
+        _, tokenizer, _ = loaded
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         settings = {
             "temperature": temperature,
@@ -333,13 +334,14 @@ def _prefix_cache(model: Any, input_ids: Any, shared: int) -> dict[str, Any]:
     cache = getattr(out, "cache", None) or out.past_key_values  # transformers 5 renamed it
     cache.batch_repeat_interleave(rows)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_argument(type(base)): cache}
+    return {_cache_argument(type(base)): cache}  # type: ignore[arg-type]  # model classes are hashable
 
 
 @functools.cache
 def _cache_argument(model_class: type) -> str:
     """transformers 5 renamed `past_key_values` to `cache` (the old name still works there, with a warning)."""
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+    forward = model_class.forward  # type: ignore[attr-defined]  # every causal LM class has one
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _length(ids: list[int], tokenizer: Any) -> int:

@@ -217,7 +217,7 @@ def _refused_or(answer: Any) -> tuple[int, float]:
     """A coordinator's answer to `reserve`: a reservation, or {"refused": why}."""
     if isinstance(answer, dict):
         raise BudgetExceeded(answer["refused"])
-    return tuple(answer)  # type: ignore[return-value]
+    return tuple(answer)
 
 
 class UsageMeter:

@@ -229,7 +229,7 @@ class NeMoPreferenceRecord(_Strict):
             if not value.strip():
                 raise OptoValueError("the prompt must not be empty")
             return value
-        return _check_prompt(value)
+        return _check_prompt(value)  # type: ignore[arg-type,return-value]  # a NeMo message is a chat message
 
     @model_validator(mode="after")
     def _distinct(self) -> NeMoPreferenceRecord:

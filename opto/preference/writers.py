@@ -62,7 +62,7 @@ class Writer:
     def records(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         """Every item as a validated record (`DatasetFormatError` names the first bad one)."""
         expected = {"supervised": SupervisedExample, "groups": TrajectoryGroup}.get(self.kind, PreferencePair)
-        records = []
+        records: list[dict[str, Any]] = []
         for index, item in enumerate(items):
             if not isinstance(item, expected):
                 raise OptoTypeError(

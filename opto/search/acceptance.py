@@ -270,11 +270,12 @@ class DatasetValidation(Validation):
         random.Random(json_key({getattr(k, "name", k): v for k, v in update.items()})).shuffle(order)
         current = {r.example_id: r for r in await asyncio.shield(cached)}
         done: list[Rollout] = []
-        for start in range(0, len(order), self.race):  # type: ignore[arg-type]
+        race = self.race or len(order)
+        for start in range(0, len(order), race):
             done += await ctx.executor.run(
                 ctx.agent,
                 ctx.guide,
-                order[start : start + self.race],
+                order[start : start + race],
                 values=update,
                 min_score=ctx.min_score,
                 timeout=ctx.rollout_timeout,

@@ -78,7 +78,7 @@ class AnyOf(StopCondition):
     """Stops when any of its conditions holds (`a | b`)."""
 
     def __init__(self, *conditions: StopCondition) -> None:
-        self.conditions = [
+        self.conditions: list[StopCondition] = [
             c
             for condition in conditions
             for c in (condition.conditions if isinstance(condition, AnyOf) else [condition])
@@ -99,7 +99,7 @@ class AllOf(StopCondition):
     """Stops when all of its conditions hold (`a & b`)."""
 
     def __init__(self, *conditions: StopCondition) -> None:
-        self.conditions = [
+        self.conditions: list[StopCondition] = [
             c
             for condition in conditions
             for c in (condition.conditions if isinstance(condition, AllOf) else [condition])

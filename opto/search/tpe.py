@@ -114,21 +114,26 @@ class TPEProposer:
         optuna = _import_optuna()
         dists = optuna.distributions
         found: dict[str, Any] = {}
-        named = {p.name: p for p in parameters}
+        named = {p.name: p for p in parameters if p.name is not None}
         for name in self.names or []:
             if name not in named:
                 raise OptoValueError(f"TPEProposer: the agent has no parameter {name!r}; it has {sorted(named)}")
-        for param in parameters:
-            if not param.trainable or (self.names is not None and param.name not in self.names):
+        for name, param in named.items():
+            if not param.trainable or (self.names is not None and name not in self.names):
                 continue
             constraint = param.constraint
             if constraint is not None and constraint.choices is not None:
-                found[param.name] = dists.CategoricalDistribution(list(constraint.choices))
+                found[name] = dists.CategoricalDistribution(list(constraint.choices))
             elif param.type is bool:
-                found[param.name] = dists.CategoricalDistribution([False, True])
-            elif param.type in (int, float) and constraint is not None and None not in (constraint.min, constraint.max):
+                found[name] = dists.CategoricalDistribution([False, True])
+            elif (
+                param.type in (int, float)
+                and constraint is not None
+                and constraint.min is not None
+                and constraint.max is not None
+            ):
                 kind = dists.IntDistribution if param.type is int else dists.FloatDistribution
-                found[param.name] = kind(param.type(constraint.min), param.type(constraint.max))
+                found[name] = kind(param.type(constraint.min), param.type(constraint.max))
             elif self.names is not None:
                 raise OptoValueError(
                     f"TPEProposer cannot search {param.name!r} ({param.type.__name__}): give it "

@@ -211,7 +211,7 @@ class FakeARTServer(RoutedServer):
                 return _detail(422, "trajectory_groups must be a non-empty list")
             self.trainings.append(body)
             job = _ServerlessJob(new_id("job"), body["model_id"], body)
-            events = [("training_started", {})]
+            events: list[tuple[str, dict[str, Any]]] = [("training_started", {})]
             for step in range(1, self.gradient_steps + 1):
                 events.append(
                     (

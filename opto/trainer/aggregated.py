@@ -186,16 +186,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self._unread_warned: set[str] = set()
         self._read: set[str] = set()  # the parameters some rollout of this run has read
 
-    async def atrain(self, guide: Guide, train_dataset: Any, **kwargs: Any):  # type: ignore[override]
-        self._seed = kwargs.get("seed", 0)
+    def _prepare(
+        self, guide: Guide, train_dataset: Any, *, stepsize: float, batch_size: int, seed: int, min_score: float | None
+    ) -> Any:
+        self._seed = seed
         if self.auto_validation:
-            train_dataset = self._hold_out(load_dataset(train_dataset), kwargs.get("batch_size", 1))
+            train_dataset = self._hold_out(load_dataset(train_dataset), batch_size)
         self.validation.reset()
         self._unread_warned, self._read = set(), set()
-        self.remember(guide, kwargs.get("stepsize", 0.5), kwargs.get("min_score"))
-        return await super().atrain(guide, train_dataset, **kwargs)
-
-    atrain.__doc__ = Minibatch.atrain.__doc__
+        self.remember(guide, stepsize, min_score)
+        return train_dataset
 
     def _hold_out(self, examples: list[Example], batch_size: int) -> list[Example]:
         """`validation="auto"`: split the training data (recorded in the run's config, so a
@@ -238,7 +238,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self._start_from_the_pool(ctx)
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
-        names = [p.name for p in self.agent.parameters(trainable_only=True)]
+        names = [p.name for p in self.agent.parameters(trainable_only=True) if p.name is not None]
         focus = self.components.select(names, ctx.step)
         self._focus = None if set(focus) >= set(names) else focus  # None: every parameter, no copies needed
         rollouts, outputs = await self._rollouts_and_proposals(batch, ctx)
@@ -639,7 +639,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
 
 def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]:
-    proposers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    proposers: list[Proposer] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]  # type: ignore[list-item]
     if not proposers:
         raise OptoValueError("AggregatedUpdate needs at least one proposer, e.g. Optimizer(llm) or DemoProposer()")
     for proposer in proposers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,7 @@ from .._async import run_sync
 from ..agent import Agent
 from ..data import load_dataset
 from ..guides import Guide
-from ..parameters import Parameter
+from ..parameters import ParameterValues
 from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 from ..stats import Interval, score_interval
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, check_failures, validate_max_failures
@@ -57,7 +56,7 @@ async def aevaluate(
     dataset: Any,
     *,
     concurrency: int = 16,
-    values: Mapping[Parameter, Any] | None = None,
+    values: ParameterValues | None = None,
     min_score: float | None = None,
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,
@@ -101,7 +100,7 @@ def evaluate(
     dataset: Any,
     *,
     concurrency: int = 16,
-    values: Mapping[Parameter, Any] | None = None,
+    values: ParameterValues | None = None,
     min_score: float | None = None,
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,

@@ -191,18 +191,49 @@ class Minibatch:
             paid.update(parts)
         for names, found, paid in users.values():
             left = found.remaining()["calls"]
-            parts = {what: n for what, n in need.items() if what in paid and n}
-            if left is not None and left < sum(parts.values()):
-                listed = ", ".join(f"{n} for {what}" for what, n in parts.items())
+            needed = {what: n for what, n in need.items() if what in paid and n}
+            if left is not None and left < sum(needed.values()):
+                listed = ", ".join(f"{n} for {what}" for what, n in needed.items())
                 raise OptoValueError(
                     f"the budget of {' and '.join(names)} has {left} calls left, and one step needs at least "
-                    f"{sum(parts.values())} of them ({listed}; one model call per rollout assumed): raise its "
+                    f"{sum(needed.values())} of them ({listed}; one model call per rollout assumed): raise its "
                     "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)"
                 )
 
-    def train(self, guide: Guide, train_dataset: Any, **kwargs: Any) -> TrainResult:
-        """Synchronous `atrain`; also works inside a running event loop (Jupyter)."""
-        return run_sync(self.atrain(guide, train_dataset, **kwargs))
+    def train(
+        self,
+        guide: Guide,
+        train_dataset: Any,
+        *,
+        stepsize: float = 0.5,
+        num_epochs: int = 1,
+        batch_size: int = 1,
+        test_dataset: Any = None,
+        eval_frequency: int | None = None,
+        log_frequency: int | None = 1,
+        min_score: float | None = None,
+        verbose: bool = False,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        progress: bool = True,
+        max_failures: int | float | None = DEFAULT_MAX_FAILURES,
+        rollout_timeout: float | None = None,
+        callbacks: list[Callback] | None = None,
+        stop: StopCondition | None = None,
+        budget: Budget | None = None,
+    ) -> TrainResult:
+        """`atrain`, run to the end from synchronous code; it also works inside a running
+        event loop (Jupyter). The arguments are `atrain`'s."""
+        options = {name: value for name, value in locals().items() if name not in ("self", "guide", "train_dataset")}
+        return run_sync(self.atrain(guide, train_dataset, **options))
+
+    def _prepare(
+        self, guide: Guide, train_dataset: Any, *, stepsize: float, batch_size: int, seed: int, min_score: float | None
+    ) -> Any:
+        """The training data a subclass trains on (the hook where a trainer holds some out)."""
+        return train_dataset
 
     async def atrain(
         self,
@@ -230,34 +261,48 @@ class Minibatch:
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
-        `test_dataset` is evaluated at the start and at the end, and every
-        `eval_frequency` steps when that is set (each evaluation runs the agent on the
-        whole test set: on a paid API, ask for it only as often as you need it). With `run_dir`, the ledger, metrics and a checkpoint after every step are
-        written there, and `resume=True` continues from the last completed step. A
-        `BudgetExceeded` stops the run cleanly after saving what was done.
+        Args:
+            guide: scores each output (`ExactMatchGuide`, `LLMJudgeGuide`, your own `Guide`).
+            train_dataset: `Example`s, `(x, info)` pairs, `{"x", "info"}` dicts, Trace's
+                `{"inputs", "infos"}`, or a JSONL path; a malformed row is refused, with its
+                index, before any model call.
+            stepsize: how far an update may move from the current values (the aggregator
+                weighs the current values by `1 - stepsize`), in [0, 1].
+            num_epochs: passes over `train_dataset`.
+            batch_size: examples per step.
+            test_dataset: evaluated at the start and at the end (and every
+                `eval_frequency` steps); each evaluation runs the agent on all of it.
+            eval_frequency: evaluate `test_dataset` every this many steps (None: only at
+                the start and the end).
+            log_frequency: one INFO line every this many steps (score, decision, calls,
+                tokens, cost so far); None: none.
+            min_score: the score of a failed rollout (None: no score, left out of means).
+            verbose: print every prompt sent to the proposers and the aggregator, and the reply.
+            run_dir: write the ledger, metrics and a checkpoint after every step there.
+            resume: continue the run in `run_dir` from its last completed step.
+            seed: the seed of the shuffle, the hold-out split and the proposers' sampling.
+            shuffle: shuffle `train_dataset` each epoch.
+            progress: show a progress bar.
+            max_failures: stop cleanly when the failed rollouts of one batch or one
+                evaluation reach this: an int counts them, a float is a fraction (the
+                default 1.0: all of them); None never stops.
+            rollout_timeout: seconds after which a rollout (agent + guide on one example)
+                is a failed rollout.
+            callbacks: `opto.Callback`s that observe every ledger event, every step's
+                `StepRecord`, every evaluation and the result; one that raises is detached.
+            stop: a stop condition (`MaxCalls`, `MaxCost`, `MaxTime`, `NoImprovement`,
+                `TargetScore`, `StopFile`, combined with `|` and `&`), checked before each
+                step; the run then ends as a finished one does and `stopped_reason` names it.
+            budget: an `opto.Budget` counting every model call of the run (agent,
+                proposers, aggregator, validation, evaluation, on workers too) on top of each
+                model's own budget. A budget that cannot pay for one step (and the initial
+                evaluation) is refused before the first step, with the figure needed.
 
-        A rollout (agent + guide on one example) longer than `rollout_timeout` seconds
-        is a failed rollout. The run stops cleanly (`stopped_reason`) when the failed
-        rollouts of one step's batch, or of one evaluation, reach `max_failures`: an int
-        counts them, a float is a fraction (the default 1.0: all of them); None never stops.
+        Returns:
+            A `TrainResult`: scores, decisions, final values, usage and `stopped_reason`.
 
-        Every `log_frequency` steps (default: each) one INFO line says the step's score,
-        decision, candidate score and the calls, tokens and cost so far.
-
-        `callbacks` (`opto.Callback`) observe the run: every ledger event, every step's
-        `StepRecord`, every evaluation, and the result; one that raises is detached.
-
-        `stop` (`opto.stopping`: `MaxCalls`, `MaxCost`, `MaxTime`, `NoImprovement`,
-        `TargetScore`, `StopFile`, combined with `|` and `&`) is checked before each step;
-        the first that holds ends the search, the run then ends as a finished one does
-        (final values, final evaluation) and `stopped_reason` names it. SIGTERM stops the
-        run as Ctrl-C does, after saving, and returns with `stopped_reason` "SIGTERM".
-
-        `budget` (`opto.Budget`) counts every model call of the run (agent, proposers,
-        aggregator, validation, evaluation, on workers too) on top of each model's own
-        budget. Before the first step, a budget (the run's or a model's) whose calls left
-        cannot pay for one step (and the initial evaluation) is refused with the figure
-        needed: at least one model call per rollout is assumed.
+        A `BudgetExceeded`, Ctrl-C or SIGTERM stops the run cleanly after saving what was
+        done; `resume=True` continues it.
         """
         if not hasattr(guide, "aget_feedback"):
             raise OptoTypeError(
@@ -275,6 +320,8 @@ class Minibatch:
         if rollout_timeout is not None and not rollout_timeout > 0:
             raise OptoValueError(f"rollout_timeout must be a positive number of seconds or None, got {rollout_timeout}")
         started = time.monotonic()
+        train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,
+                                      min_score=min_score)  # fmt: skip
         loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
         test = load_dataset(test_dataset) if test_dataset is not None else None
         config = {
@@ -523,7 +570,9 @@ class Minibatch:
         return TrainResult(
             train_scores=state.train_scores,
             test_scores=state.test_scores,
-            test_intervals={step: tuple(found) if found else None for step, found in state.test_intervals.items()},
+            test_intervals={
+                step: (found[0], found[1]) if found else None for step, found in state.test_intervals.items()
+            },
             steps=state.step,
             accepted=state.accepted,
             rejected=state.rejected,
@@ -582,10 +631,16 @@ def stop_on_sigterm() -> Iterator[list[bool]]:
     came: list[bool] = []
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+
+    def stop() -> None:
+        came.append(True)
+        if task is not None:
+            task.cancel()
+
     try:
         if task is None or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             raise RuntimeError("not ours to handle")
-        loop.add_signal_handler(signal.SIGTERM, lambda: (came.append(True), task.cancel()))
+        loop.add_signal_handler(signal.SIGTERM, stop)
     except (RuntimeError, ValueError, NotImplementedError):  # another thread, another handler, Windows
         yield came
         return

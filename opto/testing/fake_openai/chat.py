@@ -78,7 +78,14 @@ class ChatAPI:
     """`POST /v1/chat/completions` with scripted replies, queued faults and a rate limit."""
 
     _lock: threading.Lock
-    requests: list[RecordedRequest]
+
+    # Given by RoutedServer, the server this mixes into.
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        raise NotImplementedError
+
+    def _sleep(self, seconds: float) -> bool:
+        raise NotImplementedError
 
     def _init_chat(
         self, reply: ReplySpec, latency: float | LognormalLatency, model: str, rate_limit_rps: float | None

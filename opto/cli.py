@@ -215,9 +215,10 @@ def _fake_server(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from .report import write_report
+    from .report_html import write_html_report
 
-    summary = write_report(args.run_dir, args.out)
-    print(f"wrote {summary.png} and {summary.markdown}")
+    summary = (write_html_report if args.html else write_report)(args.run_dir, args.out)
+    print(f"wrote {summary.png} and {summary.markdown}" + (f" and {summary.html}" if summary.html else ""))
     if summary.stages is not None:  # a prompts-then-weights run
         print(f"stages: {', '.join(summary.stages) or 'none finished yet'}")
         return 0
@@ -649,6 +650,11 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="a run's learning curve (report.png) and step summary (report.md)")
     report.add_argument("run_dir", help="the run directory")
     report.add_argument("--out", help="the folder to write into (default: the run directory)")
+    report.add_argument(
+        "--html",
+        action="store_true",
+        help="also write report.html: one self-contained page with each step's candidates and diffs",
+    )
     report.set_defaults(handler=_report)
     _add_export_parser(commands)
     _add_finetune_parser(commands)

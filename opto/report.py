@@ -48,6 +48,8 @@ class ReportSummary(BaseModel):
     cost_png: str | None = None
     # A prompts-then-weights run: its finished stages, in order (None for a training run).
     stages: list[str] | None = None
+    # `opto report --html`: the self-contained page.
+    html: str | None = None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:

@@ -44,3 +44,20 @@ def test_train_and_atrain_take_the_same_options_in_their_signatures() -> None:
     documented = inspect.getdoc(Minibatch.atrain) or ""
     options = [name for name in inspect.signature(Minibatch.atrain).parameters if name != "self"]
     assert [name for name in options if f"    {name}: " not in documented] == []
+
+
+def test_every_public_module_says_what_it_exports() -> None:
+    # A module whose name has no leading underscore is public: it declares __all__.
+    import ast
+
+    undeclared = []
+    for path in sorted((ROOT / "opto").rglob("*.py")):
+        if path.name.startswith("_") and path.name != "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {target.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                 if isinstance(target, ast.Name)}  # fmt: skip
+        if "__all__" not in names:
+            undeclared.append(str(path.relative_to(ROOT)))
+    assert undeclared == []

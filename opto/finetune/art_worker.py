@@ -24,6 +24,8 @@ from ..llm.redaction import redact, remember_secret
 from .base import error_detail
 from .job_folder import JobFiles
 
+__all__ = ["main"]
+
 
 class Cancelled(Exception):
     """The job was asked to stop (a cancel file, or SIGTERM)."""

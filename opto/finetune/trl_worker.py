@@ -18,6 +18,8 @@ from .._io import read_jsonl
 from ..preference.schemas import DatasetFormatError
 from .job_folder import JobFiles
 
+__all__ = ["main", "train", "train_grpo"]
+
 logger = logging.getLogger("opto.finetune.trl_worker")
 
 

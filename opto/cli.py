@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -159,6 +160,7 @@ def _collect(args: argparse.Namespace) -> int:
         if args.values:
             agent.load(args.values)
         data = bigbench(args.task, split=args.split, n=args.n, seed=args.seed)
+        executor = _ray_executor() if args.ray else None
         result = collect(
             agent,
             ExactMatchGuide(),
@@ -170,7 +172,10 @@ def _collect(args: argparse.Namespace) -> int:
             resume=args.resume,
             concurrency=args.concurrency,
             progress=not args.no_progress,
+            executor=executor,
         )
+        if executor is not None:
+            executor.close()
     finally:
         model.close()
     score = "n/a" if result.mean_score is None else f"{result.mean_score:.3f}"
@@ -184,6 +189,13 @@ def _collect(args: argparse.Namespace) -> int:
         print(f"stopped early: {result.stopped_reason}")
         return 1
     return 0
+
+
+def _ray_executor() -> Any:
+    """Rollouts on Ray: the cluster RAY_ADDRESS names, else a local instance on this machine's CPUs."""
+    from .executors import RayExecutor
+
+    return RayExecutor(address="auto" if os.environ.get("RAY_ADDRESS") else None)
 
 
 def _fake_server(args: argparse.Namespace) -> int:
@@ -337,7 +349,6 @@ def _finetune(args: argparse.Namespace) -> int:
 def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
     """The backend's adapter, from the command line or (status, wait, cancel) from a --state file."""
     import json
-    import os
 
     from .finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter, TRLAdapter
 
@@ -621,7 +632,13 @@ def build_parser() -> argparse.ArgumentParser:
     gather.add_argument("--n", type=int, default=24, help="examples (default 24)")
     gather.add_argument("--values", help="the agent's values: a run's agent.json (default: the demo's start)")
     gather.add_argument("--seed", type=int, default=0, help="examples' and samples' seed (default 0)")
-    gather.add_argument("--concurrency", type=int, default=4)
+    gather.add_argument("--concurrency", type=int, default=4, help="rollouts in flight at once (default 4)")
+    gather.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the rollouts on Ray workers: the cluster at "
+        "RAY_ADDRESS, else a local Ray instance (needs the ray extra)",
+    )
     gather.add_argument("--resume", action="store_true", help="continue a collection in --run-dir")
     gather.add_argument("--model", help="model name on an OpenAI-compatible server (default: local SmolLM2)")
     gather.add_argument("--base-url", help="OpenAI-compatible API root; the key comes from OPENAI_API_KEY")

@@ -1,6 +1,7 @@
 """`opto.collect`: gather RL data with the current parameters, optimizing nothing.
 
-The agent runs `samples` times on every example, each sample inside
+The agent runs `samples` times on every example (through any `RolloutExecutor`: in this
+process, or on Ray), each sample inside
 `opto.llm.sampling(temperature=..., seed=seed + k)`, so its model calls draw different
 replies even when the agent fixes its own temperature. Each rollout is judged by the guide
 and written to the run directory's ledger as a `RolloutEvent` (phase "collect", step 1,
@@ -35,7 +36,7 @@ from .ledger import RunDir
 from .llm.errors import BudgetExceeded
 from .llm.sampling import sampling
 from .llm.usage import UsageStats, meter_usage
-from .rollout import Rollout, mean_score, run_rollout
+from .rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
 
 __all__ = ["CollectResult", "acollect", "collect"]
 
@@ -79,6 +80,7 @@ async def acollect(
     min_score: float | None = None,
     rollout_timeout: float | None = None,
     progress: bool = True,
+    executor: RolloutExecutor | None = None,
 ) -> CollectResult:
     """Run `agent` `samples` times on every example of `dataset` and write the judged
     rollouts to `run_dir`'s ledger (see the module's docstring).
@@ -88,9 +90,12 @@ async def acollect(
         temperature: the sampling temperature of every model call of the agent.
         seed: sample k of every example is drawn with seed `seed + k`.
         resume: continue a collection in `run_dir` (same settings) instead of refusing it.
-        concurrency: rollouts at once.
+        concurrency: rollouts in flight at once, wherever they run.
         min_score: a failed rollout's score, as in `train()`.
         rollout_timeout: seconds after which a rollout counts as failed, as in `train()`.
+        progress: show a progress bar of examples collected.
+        executor: where the rollouts run (default: asyncio tasks in this process), e.g.
+            `RayExecutor()`; sample k of every example runs under the same seed wherever it runs.
     """
     if not isinstance(agent, Agent):
         raise OptoTypeError(f"agent must be an opto Agent (subclass it or use @agent), got {type(agent).__name__}")
@@ -117,7 +122,8 @@ async def acollect(
     result = CollectResult(
         run_dir=str(run.path), examples=len(examples), samples=samples, skipped_examples=len(examples) - len(todo)
     )
-    gate = asyncio.Semaphore(concurrency)
+    runner = executor or AsyncioExecutor(1)
+    gate = asyncio.Semaphore(concurrency)  # rollouts in flight, wherever they run
     bar = tqdm(
         total=len(examples), initial=result.skipped_examples, disable=not progress, desc="collect", unit="example"
     )
@@ -125,8 +131,9 @@ async def acollect(
 
     async def sample(example: Example, k: int) -> Rollout:
         async with gate:
-            with sampling(temperature=temperature, seed=seed + k):
-                return await run_rollout(agent, guide, example, min_score=min_score, timeout=rollout_timeout)
+            with sampling(temperature=temperature, seed=seed + k):  # travels with the task to a worker
+                [rollout] = await runner.run(agent, guide, [example], min_score=min_score, timeout=rollout_timeout)
+        return rollout
 
     async def one_example(example: Example) -> None:
         rollouts = await gather_all(sample(example, k) for k in range(samples))

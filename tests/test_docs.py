@@ -182,6 +182,8 @@ def check_opentelemetry_page(outputs: list[str], setting: Setting) -> None:
 
 def check_ray_page(outputs: list[str], setting: Setting) -> None:
     assert _last_line(outputs[0]) == "0.0 1.0"
+    assert _last_line(outputs[1]) == "0.0 16"  # evaluate and collect through the same RayExecutor
+    assert len(RunDir(setting.folder / "runs" / "groups").ledger()) == 16
 
 
 def check_exceptions_page(outputs: list[str], setting: Setting) -> None:

@@ -171,3 +171,48 @@ def test_asyncio_and_ray_agree_on_a_plain_evaluation():
     got = asyncio.run(executor.run(agent, ExactMatchGuide(), data))
     executor.close()
     assert timeless(got) == timeless(expected)
+
+
+# ----------------------------------------------------------------------------- evaluate and collect on Ray
+
+
+def test_evaluate_on_ray_gives_the_same_rollouts_as_in_one_process():
+    from opto import evaluate
+
+    data = examples(8)
+    expected = evaluate(test_executors.level_agent(), ExactMatchGuide(), data)
+    executor = RayExecutor()
+    got = evaluate(test_executors.level_agent(), ExactMatchGuide(), data, executor=executor)
+    executor.close()
+    assert got.scores == expected.scores and got.mean == expected.mean
+    assert timeless(got.rollouts) == timeless(expected.rollouts)
+
+
+def test_collect_on_ray_writes_the_same_ledger_and_usage_as_in_one_process(tmp_path):
+    import test_rl_data
+    from opto import collect
+
+    cloudpickle.register_pickle_by_value(test_rl_data)
+    here = collect(test_rl_data.Sampler(test_rl_data.SeededModel()), ExactMatchGuide(), test_rl_data.DATA,
+                   samples=3, run_dir=tmp_path / "here", progress=False)  # fmt: skip
+    executor = RayExecutor()
+    there = collect(test_rl_data.Sampler(test_rl_data.SeededModel()), ExactMatchGuide(), test_rl_data.DATA,
+                    samples=3, run_dir=tmp_path / "ray", progress=False, executor=executor)  # fmt: skip
+    executor.close()
+    assert ledger_of(tmp_path / "ray") == ledger_of(tmp_path / "here")
+    assert (there.rollouts, there.mean_score, there.usage.calls) == (here.rollouts, here.mean_score, here.usage.calls)
+    assert 0 < here.mean_score < 1  # the seeds differ between samples, on the workers too
+
+
+def test_the_collect_command_runs_on_ray(tmp_path, capsys):
+    from opto import RunDir
+    from opto.cli import main
+
+    with FakeOpenAIServer(reply="wrong") as server:
+        code = main(["collect", "--ray", "--model", "fake", "--base-url", server.base_url, "--run-dir",
+                     str(tmp_path / "c"), "--n", "3", "--samples", "2", "--no-progress"])  # fmt: skip
+        seeds = sorted(request.get("seed") for request in server.chat_requests)
+    assert code == 0 and "collected 6 rollouts" in capsys.readouterr().out
+    assert seeds == [0, 0, 0, 1, 1, 1]  # sample k of every example ran with seed k, on the workers
+    written = sorted((e.instance_id, e.sample) for e in RunDir(tmp_path / "c").events("rollout"))
+    assert len(written) == 6 and {sample for _, sample in written} == {0, 1}

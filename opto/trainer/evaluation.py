@@ -104,8 +104,10 @@ def evaluate(
     min_score: float | None = None,
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,
+    executor: RolloutExecutor | None = None,
+    progress: bool = False,
 ) -> EvalResult:
-    """Synchronous `aevaluate` (also works inside a running event loop)."""
+    """Synchronous `aevaluate` (also works inside a running event loop); the arguments are its."""
     return run_sync(
         aevaluate(
             agent,
@@ -116,5 +118,7 @@ def evaluate(
             min_score=min_score,
             max_failures=max_failures,
             rollout_timeout=rollout_timeout,
+            executor=executor,
+            progress=progress,
         )
     )

@@ -155,21 +155,34 @@ def _spread(
     forward: Callable[..., Any], x: Any, exclude: frozenset[str] = frozenset()
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """One input argument gets x as is; several get a tuple spread positionally, a dict by name."""
-    try:
-        params = [
-            p
-            for p in inspect.signature(forward).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_POSITIONAL)
-            and p.name not in exclude
-        ]
-    except (TypeError, ValueError):
-        return (x,), {}
-    if len(params) > 1 or (params and params[0].kind is inspect.Parameter.VAR_POSITIONAL):
+    function = getattr(forward, "__func__", None)
+    target, bound = (function, True) if function is not None else (forward, False)
+    try:  # read once per function: inspect.signature is slow, and this runs every rollout
+        several = _takes_several(target, bound, exclude)
+    except TypeError:  # an unhashable callable
+        several = _takes_several.__wrapped__(target, bound, exclude)
+    if several:
         if isinstance(x, tuple):
             return x, {}
         if isinstance(x, dict):
             return (), x
     return (x,), {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _takes_several(forward: Callable[..., Any], bound: bool, exclude: frozenset[str]) -> bool:
+    """Whether `forward` (a plain function; `bound`: called as a method) takes several inputs."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())[1 if bound else 0 :]
+    except (TypeError, ValueError):
+        return False
+    params = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_POSITIONAL)
+        and p.name not in exclude
+    ]
+    return len(params) > 1 or bool(params and params[0].kind is inspect.Parameter.VAR_POSITIONAL)
 
 
 class _FunctionAgent(Agent):

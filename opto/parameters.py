@@ -149,18 +149,23 @@ class Parameter:
         reads = _READS.get()
         if reads is not None and self.name is not None:
             reads.add(self.name)
-        overrides = _OVERRIDES.get()
-        value = self._value
-        if overrides:
-            if self in overrides:
-                value = overrides[self]
-            elif self.name is not None and self.name in overrides:
-                value = overrides[self.name]
+        value = self.current_value()
         return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
 
     @value.setter
     def value(self, new_value: Any) -> None:
         self._value = self.validate(new_value)
+
+    def current_value(self) -> Any:
+        """The value the current task sees, uncopied and not recorded as read: for opto's
+        own bookkeeping (digests), which must neither pay for a copy nor count as a read."""
+        overrides = _OVERRIDES.get()
+        if overrides:
+            if self in overrides:
+                return overrides[self]
+            if self.name is not None and self.name in overrides:
+                return overrides[self.name]
+        return self._value
 
     @property
     def stored_value(self) -> Any:

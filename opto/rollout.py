@@ -141,7 +141,7 @@ def timeout_fields(timeout: float | None, min_score: float | None) -> dict[str, 
 
 def values_digest(agent: Agent) -> str:
     """A short digest of the trainable values `agent` sees now (assignments included)."""
-    values = {p.name: p.value for p in agent.parameters(trainable_only=True)}
+    values = {p.name: p.current_value() for p in agent.parameters(trainable_only=True)}
     return hashlib.sha256(json_key(values).encode()).hexdigest()[:12]
 
 

@@ -77,14 +77,17 @@ async def aevaluate(
     examples = load_dataset(dataset)
     runner = executor or AsyncioExecutor(concurrency)
     with tqdm(total=len(examples), disable=not progress, desc="evaluation", unit="example", leave=False) as bar:
-        judged: list[float] = []
+        judged = [0.0, 0]  # the running sum and count of scores, for the bar
 
         def done(rollout: Rollout) -> None:
+            if not progress:
+                return
             if rollout.score is not None:
-                judged.append(rollout.score)
+                judged[0] += rollout.score
+                judged[1] += 1
             bar.update(1)
-            if judged:
-                bar.set_postfix(mean=f"{sum(judged) / len(judged):.3f}")
+            if judged[1]:
+                bar.set_postfix(mean=f"{judged[0] / judged[1]:.3f}")
 
         rollouts = await runner.run(
             agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout, on_result=done

@@ -1,0 +1,197 @@
+"""Evaluation at scale: opto's client against the bare HTTP client, and evaluate on Ray.
+
+Part 1, one run against `FakeOpenAIServer` in its own process (answering every request
+after `--latency` seconds): N one-call rollouts at concurrency 64 and 256, through
+
+- aiohttp directly (post the JSON, read the JSON): the floor, what any client must spend;
+- the OpenAI SDK (`AsyncOpenAI`, retries off);
+- `opto.evaluate` of an agent that makes one `OpenAIModel` call per example (its trace,
+  usage, budget checks, rollout records and all).
+
+Each row gives the wall time, this process's CPU time per call (all threads: opto's model
+runs its requests on a private loop thread) and both as a ratio to the floor's.
+
+Part 2: `opto.evaluate` with `RayExecutor` on CPU-bound rollouts (each burns `--cpu`
+seconds of CPU, then makes one model call), with 1 and then 2 worker CPUs.
+
+    python bench/evaluate.py                       # about a minute
+    python bench/evaluate.py --calls 4000 --concurrency 64 256 --ray-rollouts 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import openai
+from fake_server_process import fake_server
+
+from opto import Agent, ExactMatchGuide, OpenAIModel, Parameter, aevaluate, evaluate
+
+MESSAGES = [{"role": "user", "content": "How many objects are in the box?"}]
+
+
+def _cpu() -> float:
+    return time.process_time()  # every thread of this process
+
+
+async def _aiohttp_calls(base_url: str, calls: int, concurrency: int) -> None:
+    gate = asyncio.Semaphore(concurrency)
+    body = {"model": "bench-model", "messages": MESSAGES}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> None:
+            async with gate, session.post(f"{base_url}/chat/completions", json=body) as response:
+                reply = await response.json()
+                assert reply["choices"][0]["message"]["content"]
+
+        await asyncio.gather(*(one() for _ in range(calls)))
+
+
+async def _sdk_calls(base_url: str, calls: int, concurrency: int) -> None:
+    gate = asyncio.Semaphore(concurrency)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+
+    async def one() -> None:
+        async with gate:
+            reply = await client.chat.completions.create(model="bench-model", messages=MESSAGES)
+            assert reply.choices[0].message.content
+
+    await asyncio.gather(*(one() for _ in range(calls)))
+    await client.close()
+
+
+class OneCall(Agent):
+    """One model call per example: the cheapest agent, so what is measured is opto."""
+
+    def __init__(self, model: Any, cpu_seconds: float = 0.0) -> None:
+        self.model = model
+        self.cpu_seconds = cpu_seconds
+        self.prompt = Parameter("Answer.", description="system prompt")
+
+    async def forward(self, x: Any) -> str:
+        if self.cpu_seconds:  # the agent's own work (parsing, tools): CPU-bound, holds the GIL
+            started = time.process_time()
+            while time.process_time() - started < self.cpu_seconds:
+                pass
+        messages = [{"role": "system", "content": self.prompt.value}, {"role": "user", "content": str(x)}]
+        return (await self.model.complete(messages)).text
+
+
+def _data(n: int) -> list[dict[str, Any]]:
+    return [{"x": i, "info": "echo", "id": f"e{i}"} for i in range(n)]
+
+
+def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str, float]:
+    """Wall time and CPU of `calls` calls (after a warm-up of `concurrency` calls)."""
+    if kind == "aiohttp":
+        run = lambda n: asyncio.run(_aiohttp_calls(base_url, n, concurrency))  # noqa: E731
+    elif kind == "sdk":
+        run = lambda n: asyncio.run(_sdk_calls(base_url, n, concurrency))  # noqa: E731
+    else:
+        model = OpenAIModel("bench-model", base_url=base_url, api_key="bench", max_concurrency=concurrency)
+        agent = OneCall(model)
+        run = lambda n: asyncio.run(  # noqa: E731
+            aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=concurrency, max_failures=None)
+        )
+    run(concurrency)  # warm-up: connections open, lazy imports done
+    cpu, wall = _cpu(), time.perf_counter()
+    run(calls)
+    wall, cpu = time.perf_counter() - wall, _cpu() - cpu
+    if kind == "opto":
+        model.close()
+    return {"wall": wall, "cpu_ms": cpu / calls * 1000}
+
+
+def part_one(calls: int, concurrencies: list[int], latency: float, repeat: int) -> list[dict[str, Any]]:
+    rows = []
+    with fake_server(True) as server:
+        server.set_latency(latency)
+        for concurrency in concurrencies:
+            ideal = -(-calls // concurrency) * latency
+            by_kind = {}
+            for kind in ("aiohttp", "sdk", "opto"):
+                runs = sorted((measure(kind, server.base_url, calls, concurrency) for _ in range(repeat)),
+                              key=lambda r: r["cpu_ms"])  # fmt: skip
+                by_kind[kind] = runs[len(runs) // 2]
+            floor = by_kind["aiohttp"]
+            for kind, found in by_kind.items():
+                rows.append(
+                    {
+                        "concurrency": concurrency,
+                        "client": kind,
+                        "wall": found["wall"],
+                        "ideal": ideal,
+                        "cpu_ms": found["cpu_ms"],
+                        "cpu_x": found["cpu_ms"] / floor["cpu_ms"],
+                        "wall_x": found["wall"] / floor["wall"],
+                    }
+                )
+    return rows
+
+
+def part_two(rollouts: int, cpu_seconds: float) -> list[dict[str, Any]]:
+    import ray
+
+    from opto.executors import RayExecutor
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    rows = []
+    with fake_server(True) as server:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            for workers in (1, 2):
+                # num_cpus per rollout sets how many run at once on the 2-CPU instance
+                executor = RayExecutor(num_cpus=2 / workers)
+                model = OpenAIModel("bench-model", base_url=server.base_url, api_key="bench")
+                agent = OneCall(model, cpu_seconds)
+                evaluate(agent, ExactMatchGuide(), _data(workers * 2), executor=executor, max_failures=None)  # warm
+                started = time.perf_counter()
+                result = evaluate(agent, ExactMatchGuide(), _data(rollouts), executor=executor, max_failures=None)
+                rows.append({"workers": workers, "wall": time.perf_counter() - started, "n": result.n})
+                executor.close()
+                model.close()
+        finally:
+            ray.shutdown()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--latency", type=float, default=0.05, help="seconds the server takes per request")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per row; the median by CPU is shown")
+    parser.add_argument("--ray-rollouts", type=int, default=16, help="rollouts of part 2 (0: skip it)")
+    parser.add_argument("--cpu", type=float, default=0.25, help="CPU seconds per rollout in part 2")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()
+    print(f"{platform.machine()} {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, "
+          f"openai {openai.__version__}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
+    print(f"\nPart 1: {args.calls} one-call rollouts, server latency {args.latency * 1000:.0f} ms (own process)")
+    print("| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for row in part_one(args.calls, args.concurrency, args.latency, args.repeat):
+        print(f"| {row['concurrency']} | {row['client']} | {row['wall']:.2f} | {row['ideal']:.2f} | "
+              f"{row['wall_x']:.2f}x | {row['cpu_ms']:.3f} | {row['cpu_x']:.2f}x |")  # fmt: skip
+    if args.ray_rollouts:
+        print(f"\nPart 2: evaluate on Ray, {args.ray_rollouts} rollouts of {args.cpu:g} s CPU + 1 call")
+        print("| worker CPUs | wall s | speed-up |")
+        print("|---:|---:|---:|")
+        rows = part_two(args.ray_rollouts, args.cpu)
+        for row in rows:
+            print(f"| {row['workers']} | {row['wall']:.2f} | {rows[0]['wall'] / row['wall']:.2f}x |")
+    load = os.getloadavg()
+    print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,3 +23,15 @@ def counting_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("counting-run")
     make_run(path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_works():
+    """Tests press Ctrl-C (SIGINT) on runs and on child processes. A shell that starts the
+    suite in the background (`cmd &`) makes SIGINT ignored, which children inherit: put
+    Python's own handler back, so the tests see what a user at a terminal sees."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield

@@ -169,7 +169,7 @@ def main() -> None:
           f"{limited['refused']} requests refused (429), {limited['rate']:.2f} rollouts/s "
           f"(ideal {limited['ideal']:.2f})")
     assert overhead is not None
-    print(f"Overhead per rollout on Ray, one in flight, an agent that does nothing (Ray minus this process):")
+    print("Overhead per rollout on Ray, one in flight, an agent that does nothing (Ray minus this process):")
     print(f"- within a run of {args.overhead_rollouts}: {(overhead[0] - in_process[0]) * 1000:.1f} ms "
           f"({overhead[0] * 1000:.1f} ms on Ray, {in_process[0] * 1000:.2f} ms in this process)")
     print(f"- a run of one rollout (the agent shipped each time), median of {args.overhead_rollouts}: "

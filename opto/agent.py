@@ -7,6 +7,7 @@ import contextlib
 import functools
 import inspect
 import json
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,16 @@ def _spread(
     """One input argument gets x as is; several get a tuple spread positionally, a dict by name."""
     function = getattr(forward, "__func__", None)
     target, bound = (function, True) if function is not None else (forward, False)
-    try:  # read once per function: inspect.signature is slow, and this runs every rollout
-        several = _takes_several(target, bound, exclude)
-    except TypeError:  # an unhashable callable
-        several = _takes_several.__wrapped__(target, bound, exclude)
-    if several:
+    # Read once per function (inspect.signature is slow, and this runs every rollout), in a
+    # weak cache: a function's globals (a notebook's, an exec'd script's) must not be kept alive.
+    try:
+        known = _SEVERAL.setdefault(target, {})
+    except TypeError:  # a callable that cannot be weakly referenced
+        known = {}
+    key = (bound, exclude)
+    if key not in known:
+        known[key] = _takes_several(target, bound, exclude)
+    if known[key]:
         if isinstance(x, tuple):
             return x, {}
         if isinstance(x, dict):
@@ -169,7 +175,11 @@ def _spread(
     return (x,), {}
 
 
-@functools.lru_cache(maxsize=4096)
+_SEVERAL: weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple[bool, frozenset[str]], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _takes_several(forward: Callable[..., Any], bound: bool, exclude: frozenset[str]) -> bool:
     """Whether `forward` (a plain function; `bound`: called as a method) takes several inputs."""
     try:

@@ -12,6 +12,7 @@ checked where it says what a reader should see.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import re
 import os
@@ -227,11 +228,17 @@ def test_every_python_block_runs_as_written(
         outputs = []
         with setup(setting, monkeypatch) if setup else contextlib.nullcontext():
             namespace: dict[str, Any] = {"__name__": f"docs:{name}"}
-            for block in python_blocks(page):
-                exec(compile(block.code, f"{name}:{block.line}", "exec"), namespace)
-                outputs.append(capsys.readouterr().out)
-            if name in CHECKS:
-                CHECKS[name](outputs, setting)
+            try:
+                for block in python_blocks(page):
+                    exec(compile(block.code, f"{name}:{block.line}", "exec"), namespace)
+                    outputs.append(capsys.readouterr().out)
+                if name in CHECKS:
+                    CHECKS[name](outputs, setting)
+            finally:
+                # A script's models close when it exits; here the page's namespace is a
+                # cycle (its functions' globals), so collect it now: their threads stop.
+                namespace.clear()
+                gc.collect()
 
 
 def test_every_public_name_has_an_api_reference_entry() -> None:

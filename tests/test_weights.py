@@ -5,6 +5,7 @@ in the middle of fine-tuning without training twice."""
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from opto.finetune.switch import recorded_switches
 from opto.llm.sampling import current_sampling
 from opto.preference import validate_jsonl
 from opto.report import write_report
+from opto.report_html import write_html_report
 from opto.weights import prompts_then_weights
 
 pytestmark = pytest.mark.trl
@@ -84,6 +86,9 @@ def test_the_chain_measures_every_stage_and_the_tuned_model_is_asked_zero_shot(t
     summary = write_report(tmp_path / "run")
     assert summary.stages == ["zero-shot", "prompt", "sft", "prompt-again"]
     assert "| sft | " in Path(summary.markdown).read_text() and Path(summary.png).stat().st_size > 10_000
+    page = Path(write_html_report(tmp_path / "run").html).read_text()  # the same stages, as one page
+    assert re.findall(r"<tr><td>([\w-]+)</td>", page) == ["zero-shot", "prompt", "sft", "prompt-again"]
+    assert page.count('src="data:image/png;base64,') == 1
 
 
 @pytest.mark.parametrize("method, fmt", [("dpo", "trl-chat"), ("grpo", "art")])

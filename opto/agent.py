@@ -118,7 +118,7 @@ class Agent:
         The thread inherits the current context, so it sees assigned values and
         records its model calls in the current trace.
         """
-        args, kwargs = _spread(self.forward, x)
+        args, kwargs = _spread(x, _forward_takes_several(self.forward))
         if inspect.iscoroutinefunction(self.forward):
             return await self.forward(*args, **kwargs)
         result = await asyncio.to_thread(self.forward, *args, **kwargs)
@@ -152,22 +152,9 @@ class Agent:
             raise ParameterError(f"{path}: {exc}; nothing was changed") from None
 
 
-def _spread(
-    forward: Callable[..., Any], x: Any, exclude: frozenset[str] = frozenset()
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _spread(x: Any, several: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """One input argument gets x as is; several get a tuple spread positionally, a dict by name."""
-    function = getattr(forward, "__func__", None)
-    target, bound = (function, True) if function is not None else (forward, False)
-    # Read once per function (inspect.signature is slow, and this runs every rollout), in a
-    # weak cache: a function's globals (a notebook's, an exec'd script's) must not be kept alive.
-    try:
-        known = _SEVERAL.setdefault(target, {})
-    except TypeError:  # a callable that cannot be weakly referenced
-        known = {}
-    key = (bound, exclude)
-    if key not in known:
-        known[key] = _takes_several(target, bound, exclude)
-    if known[key]:
+    if several:
         if isinstance(x, tuple):
             return x, {}
         if isinstance(x, dict):
@@ -175,24 +162,34 @@ def _spread(
     return (x,), {}
 
 
-_SEVERAL: weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple[bool, frozenset[str]], bool]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _takes_several(forward: Callable[..., Any], bound: bool, exclude: frozenset[str]) -> bool:
-    """Whether `forward` (a plain function; `bound`: called as a method) takes several inputs."""
+def _takes_several(forward: Callable[..., Any], exclude: frozenset[str] = frozenset()) -> bool:
+    """Whether `forward` (as called: a bound method without its self) takes several inputs."""
     try:
-        params = list(inspect.signature(forward).parameters.values())[1 if bound else 0 :]
+        params = [
+            p
+            for p in inspect.signature(forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_POSITIONAL)
+            and p.name not in exclude
+        ]
     except (TypeError, ValueError):
         return False
-    params = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.VAR_POSITIONAL)
-        and p.name not in exclude
-    ]
     return len(params) > 1 or bool(params and params[0].kind is inspect.Parameter.VAR_POSITIONAL)
+
+
+# `forward`'s shape, read once per function: inspect.signature is slow and every rollout
+# needs it. Weak, so a function's globals (a notebook's, an exec'd script's) are not kept alive.
+_FORWARD_TAKES_SEVERAL: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+
+
+def _forward_takes_several(forward: Callable[..., Any]) -> bool:
+    function = getattr(forward, "__func__", forward)  # a bound method is a new object each time
+    try:
+        return _FORWARD_TAKES_SEVERAL[function]
+    except KeyError:
+        several = _FORWARD_TAKES_SEVERAL[function] = _takes_several(forward)
+    except TypeError:  # a callable that cannot be weakly referenced
+        several = _takes_several(forward)
+    return several
 
 
 class _FunctionAgent(Agent):
@@ -201,6 +198,7 @@ class _FunctionAgent(Agent):
         self.params = params
         functools.update_wrapper(self, fn)
         self._is_async = inspect.iscoroutinefunction(fn)
+        self._takes_several = _takes_several(fn, frozenset(params))
 
     def parameters(self, trainable_only: bool = False) -> list[Parameter]:
         for key, param in self.params.items():
@@ -209,7 +207,7 @@ class _FunctionAgent(Agent):
         return super().parameters(trainable_only)
 
     def _call(self, x: Any) -> Any:
-        args, kwargs = _spread(self._fn, x, frozenset(self.params))
+        args, kwargs = _spread(x, self._takes_several)
         return self._fn(*args, **kwargs, **{key: param.value for key, param in self.params.items()})
 
     def forward(self, x: Any) -> Any:

@@ -155,12 +155,16 @@ def _collect(args: argparse.Namespace) -> int:
     from .guides import ExactMatchGuide
 
     model = _demo_model(args)
+    executor = None
     try:
         agent = FewShotAgent(model)
         if args.values:
             agent.load(args.values)
         data = bigbench(args.task, split=args.split, n=args.n, seed=args.seed)
-        executor = _ray_executor() if args.ray else None
+        if args.ray:  # Ray joins the cluster RAY_ADDRESS names, else starts a local instance
+            from .executors import RayExecutor
+
+            executor = RayExecutor()
         result = collect(
             agent,
             ExactMatchGuide(),
@@ -174,9 +178,9 @@ def _collect(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             executor=executor,
         )
+    finally:
         if executor is not None:
             executor.close()
-    finally:
         model.close()
     score = "n/a" if result.mean_score is None else f"{result.mean_score:.3f}"
     print(
@@ -189,13 +193,6 @@ def _collect(args: argparse.Namespace) -> int:
         print(f"stopped early: {result.stopped_reason}")
         return 1
     return 0
-
-
-def _ray_executor() -> Any:
-    """Rollouts on Ray: the cluster RAY_ADDRESS names, else a local instance on this machine's CPUs."""
-    from .executors import RayExecutor
-
-    return RayExecutor(address="auto" if os.environ.get("RAY_ADDRESS") else None)
 
 
 def _fake_server(args: argparse.Namespace) -> int:

@@ -20,8 +20,8 @@ from typing import Any
 
 from ._io import atomic_write_text, read_jsonl
 from .ledger import RunDir
-from .report import ReportSummary, write_report
-from .report_stages import is_stage_run
+from .report import ReportSummary, _checkpoint, _num, write_report
+from .report_stages import is_stage_run, read_stages
 
 __all__ = ["write_html_report"]
 
@@ -84,7 +84,7 @@ def _page(title: str, body: str) -> str:
 
 def _run_body(run: RunDir, summary: ReportSummary) -> str:
     ledger = run.ledger()
-    checkpoint = _json(run.checkpoint_path)
+    checkpoint = _checkpoint(run)
     metrics = {int(m["step"]): m for m in read_jsonl(run.metrics_path) if not m.get("final") and "step" in m}
     parts = [
         f"<p>{summary.steps} steps: {summary.accepted} accepted, {summary.rejected} rejected"
@@ -97,11 +97,12 @@ def _run_body(run: RunDir, summary: ReportSummary) -> str:
         "<h2>Learning curve</h2>",
         _image(Path(summary.png), "learning curve: batch, candidate and test scores with 95% intervals"),
     ]
+    parts.append("<h2>Lineage</h2>")
     if summary.lineage_png:
-        parts += ["<h2>Lineage</h2>", _image(Path(summary.lineage_png), "lineage of the Pareto pool")]
+        parts.append(_image(Path(summary.lineage_png), "lineage of the Pareto pool"))
     else:
-        parts += ["<h2>Lineage</h2>", "<p class=\"muted\">Greedy selection: each step starts from the values the "
-                  "last accepted step left; the steps below are one line.</p>"]  # fmt: skip
+        parts.append('<p class="muted">Greedy selection: each step starts from the values the last accepted '
+                     "step left; the steps below are one line.</p>")  # fmt: skip
     parts += [
         "<h2>Steps</h2>",
         '<p><button data-open="1">open all</button><button data-open="0">close all</button></p>',
@@ -127,7 +128,7 @@ def _steps(ledger: list[dict[str, Any]], checkpoint: dict[str, Any], metrics: di
             if record.get("type") == "pool":
                 pool[record["candidate_id"]] = record.get("values") or {}
         parent = next((r for r in records if r.get("type") == "parent"), None)
-        start = dict(pool.get(parent["candidate_id"], current)) if parent else dict(current)
+        start = pool.get(parent["candidate_id"], current) if parent else current
         decisions = {r.get("candidate_id"): r for r in records if r.get("type") == "decision"}
         candidates = [r for r in records if r.get("type") == "candidate" and r.get("final", True)]
         step_metrics = metrics.get(step, {})
@@ -208,9 +209,7 @@ def word_diff(old: Any, new: Any) -> str:
 
 def _stage_body(folder: Path, summary: ReportSummary) -> str:
     rows = []
-    for line in read_jsonl(folder / "metrics.jsonl"):
-        if "stage" not in line:
-            continue
+    for line in read_stages(folder):
         low, high = line.get("test_interval") or (None, None)
         rows.append(
             f'<tr><td>{_e(line["stage"])}</td><td class="num">{_num(line.get("test_accuracy"))}</td>'
@@ -238,14 +237,6 @@ def _values(values: dict[str, Any]) -> str:
     return f'<div class="diff">{_e(json.dumps(values, indent=2, ensure_ascii=False))}</div>'
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _text(value: Any) -> str:
     if value is None:
         return ""
@@ -254,10 +245,6 @@ def _text(value: Any) -> str:
 
 def _both(summary: ReportSummary) -> bool:
     return summary.first_test_score is not None and summary.last_test_score is not None
-
-
-def _num(value: Any) -> str:
-    return "" if value is None else f"{value:.3f}"
 
 
 def _e(text: str) -> str:

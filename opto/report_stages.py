@@ -22,13 +22,15 @@ def is_stage_run(folder: Path) -> bool:
     return (folder / SETTINGS_FILE).is_file()
 
 
+def read_stages(folder: Path) -> list[dict[str, Any]]:
+    """The metrics line of every finished stage, in order."""
+    path = folder / "metrics.jsonl"
+    return [m for m in read_jsonl(path) if isinstance(m, dict) and m.get("stage")] if path.exists() else []
+
+
 def stage_report(folder: Path, target: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
     """Write report.png and report.md for the stages in `folder`; returns them and the stages."""
-    stages = (
-        [m for m in read_jsonl(folder / "metrics.jsonl") if isinstance(m, dict) and m.get("stage")]
-        if (folder / "metrics.jsonl").exists()
-        else []
-    )
+    stages = read_stages(folder)
     png, markdown = target / "report.png", target / "report.md"
     _plot(png, stages, f"prompts, then weights: {folder.resolve().name}")
     atomic_write_text(markdown, _markdown(folder, stages))

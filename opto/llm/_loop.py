@@ -16,9 +16,8 @@ import asyncio
 import contextvars
 import functools
 import threading
-from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -36,24 +35,17 @@ class _Job:
     cancelled: bool = False
 
 
-@dataclass
-class _Outbox:
-    """Finished jobs waiting for their caller's loop to read them."""
-
-    jobs: deque[_Job] = field(default_factory=deque)
-    scheduled: bool = False
-
-
 class BackgroundLoop:
     def __init__(self, name: str) -> None:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._inbox: deque[_Job] = deque()
-        self._inbox_scheduled = False
-        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
-        self._mail_lock = threading.Lock()  # guards the inbox, the outboxes and their flags
+        # Jobs waiting for the private loop, and finished ones waiting for their caller's
+        # loop. A non-empty inbox, or an outbox present, means a wake-up is already on its way.
+        self._inbox: list[_Job] = []
+        self._outboxes: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._mail_lock = threading.Lock()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -75,9 +67,8 @@ class BackgroundLoop:
         job = _Job(coro, caller, caller.create_future(), contextvars.copy_context())
         loop = self.loop
         with self._mail_lock:
+            wake = not self._inbox
             self._inbox.append(job)
-            wake = not self._inbox_scheduled
-            self._inbox_scheduled = True
         if wake:
             loop.call_soon_threadsafe(self._start_jobs)
         try:
@@ -93,9 +84,7 @@ class BackgroundLoop:
     def _start_jobs(self) -> None:
         """On the private loop: start every queued job."""
         with self._mail_lock:
-            jobs = list(self._inbox)
-            self._inbox.clear()
-            self._inbox_scheduled = False
+            jobs, self._inbox = self._inbox, []
         loop = asyncio.get_running_loop()
         for job in jobs:
             with self._mail_lock:
@@ -109,10 +98,8 @@ class BackgroundLoop:
     def _finish(self, job: _Job, _task: object = None) -> None:
         """On the private loop: hand a finished job back to its caller's loop."""
         with self._mail_lock:
-            outbox = self._outboxes.setdefault(job.caller, _Outbox())
-            outbox.jobs.append(job)
-            wake = not outbox.scheduled
-            outbox.scheduled = True
+            wake = job.caller not in self._outboxes
+            self._outboxes.setdefault(job.caller, []).append(job)
         if wake:
             try:
                 job.caller.call_soon_threadsafe(self._deliver, job.caller)
@@ -123,8 +110,8 @@ class BackgroundLoop:
     def _deliver(self, caller: asyncio.AbstractEventLoop) -> None:
         """On the caller's loop: set the outcome of every job finished for it."""
         with self._mail_lock:
-            outbox = self._outboxes.pop(caller, None)
-        for job in outbox.jobs if outbox is not None else ():
+            finished = self._outboxes.pop(caller, [])
+        for job in finished:
             task = job.task
             assert task is not None
             if job.done.done():  # the caller was cancelled meanwhile: the outcome is dropped, read

@@ -142,17 +142,17 @@ _CONTEXT_WINDOW = re.compile(
 
 
 def refused_request_error(
-    status: int | None, message: str, *, code: str | None = None, **details: Any
+    status: int | None, message: str, *, codes: tuple[Any, ...] = (), **details: Any
 ) -> LLMRequestError:
-    """The `LLMRequestError` subclass for a refused request: by status, the body's error
-    code and (for a context window, which servers report differently) the message."""
-    if status == 429 or code == "insufficient_quota":
+    """The `LLMRequestError` subclass for a refused request: by status, the error codes the
+    server gave and (for a context window, which servers report differently) the message."""
+    if status == 429 or "insufficient_quota" in codes:
         kind: type[LLMRequestError] = QuotaExceededError
     elif status in (401, 403):
         kind = AuthenticationError
     elif status == 404:
         kind = ModelNotFoundError
-    elif code == "context_length_exceeded" or (status in (None, 400, 413, 422) and _CONTEXT_WINDOW.search(message)):
+    elif "context_length_exceeded" in codes or (status in (None, 400, 413, 422) and _CONTEXT_WINDOW.search(message)):
         kind = ContextWindowExceededError
     elif status in (400, 422):
         kind = BadRequestError

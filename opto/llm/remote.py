@@ -225,7 +225,7 @@ class RemoteChatModel(Model):
                     raise refused_request_error(
                         exc.status_code,
                         f"{self.name}: request rejected: {redact(exc.message)}",
-                        code=_error_code(exc),
+                        codes=_error_codes(exc),
                         **_details_of(exc, self.name),
                     ) from _keyless(exc)
                 last_error = exc
@@ -329,11 +329,6 @@ def _error_codes(exc: openai.APIStatusError) -> tuple[Any, ...]:
     return getattr(exc, "code", None), body.get("code"), body.get("type")
 
 
-def _error_code(exc: openai.APIStatusError) -> str | None:
-    """The first error code the server gave, as text."""
-    return next((str(code) for code in _error_codes(exc) if code), None)
-
-
 def _quota_used_up(exc: openai.APIStatusError) -> bool:
     """A 429 that says the account's quota is used up."""
     return "insufficient_quota" in _error_codes(exc)
@@ -341,8 +336,7 @@ def _quota_used_up(exc: openai.APIStatusError) -> bool:
 
 def _details_of(error: BaseException | None, model: str) -> dict[str, Any]:
     """What an `LLMError` carries about the failed request: model, request id, retry-after."""
-    response = getattr(error, "response", None)
-    headers = getattr(response, "headers", None) if response is not None else None
+    headers = getattr(getattr(error, "response", None), "headers", None)
     return {
         "model": model,
         "request_id": getattr(error, "request_id", None),

@@ -77,20 +77,24 @@ async def aevaluate(
     examples = load_dataset(dataset)
     runner = executor or AsyncioExecutor(concurrency)
     with tqdm(total=len(examples), disable=not progress, desc="evaluation", unit="example", leave=False) as bar:
-        judged = [0.0, 0]  # the running sum and count of scores, for the bar
+        total, judged = 0.0, 0
 
         def done(rollout: Rollout) -> None:
-            if not progress:
-                return
+            nonlocal total, judged
             if rollout.score is not None:
-                judged[0] += rollout.score
-                judged[1] += 1
+                total, judged = total + rollout.score, judged + 1
             bar.update(1)
-            if judged[1]:
-                bar.set_postfix(mean=f"{judged[0] / judged[1]:.3f}")
+            if judged:
+                bar.set_postfix(mean=f"{total / judged:.3f}")
 
         rollouts = await runner.run(
-            agent, guide, examples, values=values, min_score=min_score, timeout=rollout_timeout, on_result=done
+            agent,
+            guide,
+            examples,
+            values=values,
+            min_score=min_score,
+            timeout=rollout_timeout,
+            on_result=done if progress else None,  # nothing to show: no work per rollout
         )
     (failure_log or FailureLog()).note(rollouts, "evaluation")
     check_failures(rollouts, max_failures, "the evaluation")

@@ -8,8 +8,11 @@ after `--latency` seconds): N one-call rollouts at concurrency 64 and 256, throu
 - `opto.evaluate` of an agent that makes one `OpenAIModel` call per example (its trace,
   usage, budget checks, rollout records and all).
 
-Each row gives the wall time, this process's CPU time per call (all threads: opto's model
-runs its requests on a private loop thread) and both as a ratio to the floor's.
+Each row gives the wall time, this process's CPU time per call (all threads) and both as a
+ratio to the floor's. The clients run in rounds (one run of each, a full garbage
+collection before every run); a ratio is taken within its round, since the machine's speed
+drifts between rounds, and the median over `--repeat` rounds is shown with each round's
+CPU ratio and the full collections that fell inside the measured runs.
 
 Part 2: `opto.evaluate` with `RayExecutor` on CPU-bound rollouts (each burns `--cpu`
 seconds of CPU, then makes one model call), with 1 and then 2 worker CPUs.
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import platform
+import statistics
 import sys
 import time
 from typing import Any
@@ -89,8 +94,12 @@ def _data(n: int) -> list[dict[str, Any]]:
     return [{"x": i, "info": "echo", "id": f"e{i}"} for i in range(n)]
 
 
+KINDS = ("aiohttp", "sdk", "opto")  # the floor first: the others are measured against it
+
+
 def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str, float]:
-    """Wall time and CPU of `calls` calls (after a warm-up of `concurrency` calls)."""
+    """Wall time and CPU of `calls` calls (after a warm-up of `concurrency` calls, and a
+    full garbage collection, so no run pays for the garbage of the one before)."""
     if kind == "aiohttp":
         run = lambda n: asyncio.run(_aiohttp_calls(base_url, n, concurrency))  # noqa: E731
     elif kind == "sdk":
@@ -101,40 +110,42 @@ def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str,
         run = lambda n: asyncio.run(  # noqa: E731
             aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=concurrency, max_failures=None)
         )
-    run(concurrency)  # warm-up: connections open, lazy imports done
+    run(concurrency)  # warm-up: lazy imports done
+    gc.collect()
+    full_before = gc.get_stats()[2]["collections"]
     cpu, wall = _cpu(), time.perf_counter()
     run(calls)
     wall, cpu = time.perf_counter() - wall, _cpu() - cpu
+    full = gc.get_stats()[2]["collections"] - full_before
     if kind == "opto":
         model.close()
-    return {"wall": wall, "cpu_ms": cpu / calls * 1000}
+    return {"wall": wall, "cpu_ms": cpu / calls * 1000, "full_gc": full}
 
 
 def part_one(calls: int, concurrencies: list[int], latency: float, repeat: int) -> list[dict[str, Any]]:
+    """Rounds of one run per client; each ratio to the floor is taken within a round (the
+    machine's speed drifts between rounds) and the median round is shown."""
     rows = []
     with fake_server(True) as server:
         server.set_latency(latency)
         for concurrency in concurrencies:
             ideal = -(-calls // concurrency) * latency
-            by_kind = {}
-            for kind in ("aiohttp", "sdk", "opto"):
-                runs = sorted((measure(kind, server.base_url, calls, concurrency) for _ in range(repeat)),
-                              key=lambda r: r["cpu_ms"])  # fmt: skip
-                by_kind[kind] = runs[len(runs) // 2]
-            floor = by_kind["aiohttp"]
-            for kind, found in by_kind.items():
-                rows.append(
-                    {
-                        "concurrency": concurrency,
-                        "client": kind,
-                        "wall": found["wall"],
-                        "ideal": ideal,
-                        "cpu_ms": found["cpu_ms"],
-                        "cpu_x": found["cpu_ms"] / floor["cpu_ms"],
-                        "wall_x": found["wall"] / floor["wall"],
-                    }
-                )
+            rounds = [{kind: measure(kind, server.base_url, calls, concurrency) for kind in KINDS} for _ in range(repeat)]
+            for kind in KINDS:
+                found = {
+                    "cpu_ms": _median(r[kind]["cpu_ms"] for r in rounds),
+                    "wall": _median(r[kind]["wall"] for r in rounds),
+                    "cpu_x": _median(r[kind]["cpu_ms"] / r["aiohttp"]["cpu_ms"] for r in rounds),
+                    "wall_x": _median(r[kind]["wall"] / r["aiohttp"]["wall"] for r in rounds),
+                    "cpu_x_range": [r[kind]["cpu_ms"] / r["aiohttp"]["cpu_ms"] for r in rounds],
+                    "full_gc": sum(r[kind]["full_gc"] for r in rounds),
+                }
+                rows.append({"concurrency": concurrency, "client": kind, "ideal": ideal, **found})
     return rows
+
+
+def _median(values: Any) -> float:
+    return statistics.median(list(values))
 
 
 def part_two(rollouts: int, cpu_seconds: float) -> list[dict[str, Any]]:
@@ -172,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--latency", type=float, default=0.05, help="seconds the server takes per request")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per row; the median by CPU is shown")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (one run of each client); medians are shown")
     parser.add_argument("--ray-rollouts", type=int, default=16, help="rollouts of part 2 (0: skip it)")
     parser.add_argument("--cpu", type=float, default=0.25, help="CPU seconds per rollout in part 2")
     args = parser.parse_args(argv)
@@ -180,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{platform.machine()} {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, "
           f"openai {openai.__version__}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
     print(f"\nPart 1: {args.calls} one-call rollouts, server latency {args.latency * 1000:.0f} ms (own process)")
-    print("| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor | each round | full GCs |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
     for row in part_one(args.calls, args.concurrency, args.latency, args.repeat):
+        each = " ".join(f"{x:.2f}" for x in row["cpu_x_range"])
         print(f"| {row['concurrency']} | {row['client']} | {row['wall']:.2f} | {row['ideal']:.2f} | "
-              f"{row['wall_x']:.2f}x | {row['cpu_ms']:.3f} | {row['cpu_x']:.2f}x |")  # fmt: skip
+              f"{row['wall_x']:.2f}x | {row['cpu_ms']:.3f} | {row['cpu_x']:.2f}x | {each} | {row['full_gc']} |")  # fmt: skip
     if args.ray_rollouts:
         print(f"\nPart 2: evaluate on Ray, {args.ray_rollouts} rollouts of {args.cpu:g} s CPU + 1 call")
         print("| worker CPUs | wall s | speed-up |")

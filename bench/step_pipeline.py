@@ -23,6 +23,7 @@ aggregator's calls and prompt tokens.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -120,6 +121,7 @@ def measure(batch: int, validation: str, candidates: int, latency: Any, separate
         llms = models(server.base_url, concurrency=batch * (candidates + 1))
         try:
             one_step(llms, batch, validation, candidates)  # warm-up: loops, clients, connections
+            gc.collect()  # a full collection (about 90 ms here) would otherwise land in some steps
             before = len(server.latencies())
             server.set_latency(latency)
             run = one_step(llms, batch, validation, candidates)

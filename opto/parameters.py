@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from ._context import Scope, current_records
 from .errors import OptoError, OptoTypeError
 
 __all__ = ["Constraint", "Demos", "Parameter", "ParameterError", "assign", "current_assignment", "track_reads"]
@@ -28,8 +29,6 @@ SUPPORTED_TYPES: tuple[type, ...] = (bool, str, int, float, list, dict)
 _OVERRIDES: contextvars.ContextVar[Mapping[Any, Any] | None] = contextvars.ContextVar(
     "opto_parameter_overrides", default=None
 )
-# Names of the parameters read in the current task, while `track_reads` is active.
-_READS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("opto_parameter_reads", default=None)
 
 
 class ParameterError(OptoError, ValueError):
@@ -138,6 +137,7 @@ class Parameter:
             )
         self.constraint: Constraint | None = constraint
         self._value = self.validate(value)
+        self._version = 0  # bumped by every write, so a digest of the values can be reused until one
 
     @property
     def value(self) -> Any:
@@ -146,7 +146,7 @@ class Parameter:
         A list or dict is returned as a copy, so agent code that mutates it cannot change
         the stored value (accepting an update is the only write).
         """
-        reads = _READS.get()
+        reads = current_records().reads
         if reads is not None and self.name is not None:
             reads.add(self.name)
         value = self.current_value()
@@ -155,6 +155,7 @@ class Parameter:
     @value.setter
     def value(self, new_value: Any) -> None:
         self._value = self.validate(new_value)
+        self._version += 1
 
     def current_value(self) -> Any:
         """The value the current task sees, uncopied and not recorded as read: for opto's
@@ -262,19 +263,14 @@ def current_assignment() -> Mapping[Any, Any]:
     return _OVERRIDES.get() or {}
 
 
-@contextlib.contextmanager
-def track_reads() -> Iterator[set[str]]:
+def track_reads() -> Scope[set[str]]:
     """Collect the names of the parameters whose `.value` is read inside the block.
 
     Tasks and threads started inside add to the same set, so a rollout learns which
     parameters its agent used (a trainable parameter never read has no effect).
     """
     reads: set[str] = set()
-    token = _READS.set(reads)
-    try:
-        yield reads
-    finally:
-        _READS.reset(token)
+    return Scope(reads, reads=reads)
 
 
 #: Values keyed by `Parameter` objects, by names, or by both.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -13,15 +14,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._async import gather_all
+from ._context import Scope
 from ._io import json_key
 from .agent import Agent
 from .data import Example
 from .errors import OptoValueError
 from .guides import Guide
 from .llm.errors import BudgetExceeded, describe_error
-from .llm.tracing import record_llm_calls
-from .llm.usage import meter_usage, run_budgets
-from .parameters import ParameterValues, assign, track_reads
+from .llm.tracing import LLMCall
+from .llm.usage import UsageMeter, run_budgets
+from .parameters import ParameterValues, assign
 
 __all__ = [
     "AsyncioExecutor",
@@ -104,11 +106,31 @@ async def run_rollout(
     finishes in the background, its result unused). `BudgetExceeded` propagates,
     because it means the run must stop, not that this example failed.
     """
+    return await _run_one(agent, guide, example, values, min_score, timeout, lambda: values_digest(agent))
+
+
+_NO_VALUES = contextlib.nullcontext()  # stateless: one serves every rollout without values
+
+
+async def _run_one(
+    agent: Agent,
+    guide: Guide,
+    example: Example,
+    values: ParameterValues | None,
+    min_score: float | None,
+    timeout: float | None,
+    digest: Callable[[], str],
+) -> Rollout:
+    """`run_rollout`, with the digest of the values it runs under given by `digest`."""
     base = {"example_id": example.id or "", "x": example.x, "info": example.info}
     started = time.perf_counter()
-    with assign(values or {}):
-        base["values_hash"] = values_digest(agent)  # before tracking: the digest is not the agent's read
-        with record_llm_calls() as trace, track_reads() as reads, meter_usage() as meter:
+    with assign(values) if values else _NO_VALUES:
+        base["values_hash"] = digest()  # before tracking: the digest is not the agent's read
+        trace: list[LLMCall] = []
+        reads: set[str] = set()
+        meter = UsageMeter()
+        # The three records in one scope: one context change per rollout, not three.
+        with Scope(None, trace=trace, reads=reads, meter=meter):
             if timeout is None:
                 fields = await _agent_then_guide(agent, guide, example, min_score)
             else:
@@ -120,14 +142,14 @@ async def run_rollout(
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
-    used = meter.total
+    tokens, cost = meter.tokens_and_cost()
     return Rollout(
         **base,
         **fields,
-        trace=list(trace),
+        trace=trace,  # validation copies it: a task the agent left running cannot add to it
         parameters_read=sorted(reads),
-        tokens=used.total_tokens,
-        cost_usd=used.cost_usd,
+        tokens=tokens,
+        cost_usd=cost,
         seconds=round(time.perf_counter() - started, 6),
     )
 
@@ -143,6 +165,24 @@ def values_digest(agent: Agent) -> str:
     """A short digest of the trainable values `agent` sees now (assignments included)."""
     values = {p.name: p.current_value() for p in agent.parameters(trainable_only=True)}
     return hashlib.sha256(json_key(values).encode()).hexdigest()[:12]
+
+
+class _BatchDigest:
+    """`values_digest` for the rollouts of one batch, which all run under the same
+    assignment: the agent's parameters are found once, and the digest is computed again
+    only after a stored value changed (a write bumps its parameter's version)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._parameters = agent.parameters(trainable_only=True)
+        self._known: dict[tuple[int, ...], str] = {}
+
+    def __call__(self) -> str:
+        versions = tuple(p._version for p in self._parameters)
+        found = self._known.get(versions)
+        if found is None:
+            found = self._known[versions] = values_digest(self._agent)
+        return found
 
 
 async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_score: float | None) -> dict[str, Any]:
@@ -186,16 +226,24 @@ async def run_rollouts(
     `on_result` is called with each rollout as it finishes (e.g. for a progress bar)."""
     if concurrency < 1:
         raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
-    gate = asyncio.Semaphore(concurrency)
+    digest = _BatchDigest(agent)
+    results: list[Rollout | None] = [None] * len(examples)
+    todo = iter(enumerate(examples))
 
-    async def one(example: Example) -> Rollout:
-        async with gate:
-            rollout = await run_rollout(agent, guide, example, values=values, min_score=min_score, timeout=timeout)
-        if on_result is not None:
-            on_result(rollout)
-        return rollout
+    # `concurrency` workers take the next example when one is done: nothing waits per
+    # example, however large the dataset, and no task is made per rollout (a task that
+    # lives as long as a model call costs more garbage collection than the rest of the
+    # rollout). A worker's rollouts share its context: opto's scopes are reset when
+    # each rollout ends, and so must be a context variable that an agent sets.
+    async def worker() -> None:
+        for index, example in todo:
+            rollout = await _run_one(agent, guide, example, values, min_score, timeout, digest)
+            results[index] = rollout
+            if on_result is not None:
+                on_result(rollout)
 
-    return await gather_all(one(e) for e in examples)
+    await gather_all(worker() for _ in range(min(concurrency, len(examples))))
+    return results  # type: ignore[return-value]  # every index was filled
 
 
 @runtime_checkable

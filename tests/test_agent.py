@@ -7,7 +7,7 @@ import pytest
 
 from opto import Agent, Constraint, Example, Feedback, Guide, Parameter, ParameterError, agent
 from opto.llm import ScriptedModel
-from opto.rollout import run_rollout, run_rollouts
+from opto.rollout import run_rollout, run_rollouts, values_digest
 
 
 class Retriever(Agent):
@@ -333,18 +333,60 @@ async def test_a_failing_agent_gives_a_failed_rollout_with_its_partial_trace():
     assert [c["response"] for c in rollout.trace] == ["partial"]
 
 
+class SameGuide(Guide):
+    """1.0 when the output is the input."""
+
+    def get_feedback(self, x, output, info):
+        return float(output == x)
+
+
 async def test_run_rollouts_keeps_input_order_and_checks_concurrency():
     @agent(params={"p": "x"})
     async def slow(x, p):
         await asyncio.sleep(0.001 * (5 - x))
         return x
 
-    class Same(Guide):
-        def get_feedback(self, x, output, info):
-            return float(output == x)
-
     examples = [Example(i, None, id=str(i)) for i in range(5)]
-    rollouts = await run_rollouts(slow, Same(), examples, concurrency=2)
+    rollouts = await run_rollouts(slow, SameGuide(), examples, concurrency=2)
     assert [r.output for r in rollouts] == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="concurrency"):
-        await run_rollouts(slow, Same(), examples, concurrency=0)
+        await run_rollouts(slow, SameGuide(), examples, concurrency=0)
+
+
+async def test_run_rollouts_keeps_at_most_concurrency_going_with_no_task_per_example():
+    running, peak, tasks_seen = 0, 0, 0
+
+    @agent(params={"p": "x"})
+    async def slow(x, p):
+        nonlocal running, peak, tasks_seen
+        running += 1
+        peak = max(peak, running)
+        tasks_seen = max(tasks_seen, len(asyncio.all_tasks()))
+        await asyncio.sleep(0.001)
+        running -= 1
+        return x
+
+    examples = [Example(i, None, id=str(i)) for i in range(300)]
+    rollouts = await run_rollouts(slow, SameGuide(), examples, concurrency=4)
+    assert [r.output for r in rollouts] == list(range(300)) and peak == 4
+    assert tasks_seen <= 4 + 2  # the workers, this test and the loop's own: not one per example
+
+
+async def test_a_batch_digest_follows_a_value_stored_while_the_batch_runs():
+    seen: list[str] = []
+
+    @agent(params={"p": "first"})
+    async def writer(x, p):
+        if x == 1:  # the stored value changes between the batch's rollouts
+            writer.named_parameters()["p"].value = "second"
+        return p
+
+    class Any_(Guide):
+        def get_feedback(self, x, output, info):
+            return 1.0
+
+    rollouts = await run_rollouts(writer, Any_(), [Example(i, None, id=str(i)) for i in range(3)], concurrency=1)
+    seen = [r.values_hash for r in rollouts]
+    assert [r.output for r in rollouts] == ["first", "first", "second"]
+    assert seen[0] == seen[1] != seen[2]
+    assert seen[2] == values_digest(writer)  # what a rollout on its own would record

@@ -494,6 +494,18 @@ async def test_requests_carry_the_sdk_headers_organization_and_project(server, m
     headers = server.requests[-1].headers
     assert headers["openai-organization"] == "org-test" and headers["openai-project"] == "proj-test"
     assert headers["user-agent"].startswith("AsyncOpenAI/Python") and headers["content-type"] == "application/json"
+    assert not [name for name in headers if name.lower().startswith("x-stainless-")]  # the SDK's telemetry stays home
+
+
+def test_one_sdk_client_serves_every_loop_and_never_travels(server, posters) -> None:
+    import pickle
+
+    model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY)
+    asyncio.run(model.complete(MSG))
+    asyncio.run(model.complete(MSG))
+    assert len(posters) == 2 and posters[0].client is posters[1].client  # made once: it costs an SSL context
+    assert pickle.loads(pickle.dumps(model))._sdk is None
+    model.close()
 
 
 def test_the_proxy_comes_from_the_environment_and_no_proxy_is_honoured(monkeypatch) -> None:
@@ -520,18 +532,81 @@ async def test_a_refused_connection_is_retried_then_reported(backoff_calls) -> N
     assert len(backoff_calls) == 2
 
 
-def test_a_model_that_is_never_closed_closes_its_connections_when_collected(server, recwarn) -> None:
+@pytest.fixture
+def posters(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every ChatPoster made from now on (one per event loop that calls a model)."""
+    made: list[Any] = []
+    make = OpenAIModel._new_poster
+
+    def recording(self: OpenAIModel) -> Any:
+        made.append(make(self))
+        return made[-1]
+
+    monkeypatch.setattr(OpenAIModel, "_new_poster", recording)
+    return made
+
+
+def test_requests_run_on_the_callers_loop_and_each_loop_closes_its_connections(server, posters) -> None:
+    model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY)
+
+    assert asyncio.run(model.complete(MSG)).text == ECHO
+    assert asyncio.run(model.complete(MSG)).text == ECHO
+
+    assert _loop_threads() == []  # no private loop: the requests ran on asyncio.run's loops
+    assert len(posters) == 2 and all(p._session is None for p in posters)  # closed as each loop ended
+    assert len(model._posters) == 0
+    model.close()
+
+
+async def test_a_model_collected_while_its_loop_runs_closes_its_connections_there(server, posters, recwarn) -> None:
     import gc
 
     model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY)
+    assert (await model.complete(MSG)).text == ECHO
+    session = f"{id(posters[0]._session):x}"
+    del model
+    gc.collect()
+    for _ in range(20):  # the loop closes the dropped client as it runs on
+        await asyncio.sleep(0.01)
+        if posters[0]._session is None:
+            break
+    assert posters[0]._session is None
+    gc.collect()
+    assert not [w for w in recwarn if "nclosed" in str(w.message) and session in str(w.message)]
+
+
+def test_a_rate_limited_model_that_is_never_closed_closes_its_private_loop_when_collected(server, posters, recwarn) -> None:
+    import gc
+
+    model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY, requests_per_minute=600)
     assert asyncio.run(model.complete(MSG)).text == ECHO
     loop = model._loop
-    session = f"{id(model._open[0]._session):x}"  # other tests' leftovers (e.g. LiteLLM's) may warn too
+    assert loop.running and len(posters) == 1  # the limits live on the private loop
+    session = f"{id(posters[0]._session):x}"  # other tests' leftovers (e.g. LiteLLM's) may warn too
     del model
     gc.collect()
     assert not loop.running
+    assert posters[0]._session is None
     gc.collect()
     assert not [w for w in recwarn if "nclosed" in str(w.message) and session in str(w.message)]
+
+
+def test_max_concurrency_holds_across_loops_in_several_threads() -> None:
+    with FakeOpenAIServer(latency=0.05) as slow:
+        model = OpenAIModel("gpt-test", base_url=slow.base_url, api_key=KEY, max_concurrency=3)
+
+        async def burst() -> list[str]:
+            return [c.text for c in await asyncio.gather(*(model.complete(MSG) for _ in range(8)))]
+
+        results: list[list[str]] = []
+        threads = [threading.Thread(target=lambda: results.append(asyncio.run(burst()))) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        model.close()
+    assert results == [[ECHO] * 8] * 3
+    assert slow.peak_in_flight == 3  # three loops, one cap
 
 
 async def test_key_and_base_url_from_the_environment(server, monkeypatch) -> None:

@@ -4,6 +4,7 @@ concurrent calls, logprobs, LoRA adapters, and clear errors for what it cannot r
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 from pathlib import Path
@@ -80,11 +81,15 @@ class Sampler(Agent):
         return reply.text
 
 
-class LengthGuide(Guide):
-    """Rewards longer replies: the random model's samples differ, so each group's rewards do."""
+class DistinctRewards(Guide):
+    """Gives every rollout a reward of its own, so that no group is dropped for equal
+    rewards: whether the random model's samples differ depends on how its calls batch."""
+
+    def __init__(self) -> None:
+        self.calls = itertools.count(1)
 
     def get_feedback(self, x, output, info):
-        return len(output) / 100
+        return next(self.calls) / 100
 
 
 def test_groups_collected_from_it_with_logprobs_export_as_on_policy(tiny, tmp_path, caplog):
@@ -92,7 +97,7 @@ def test_groups_collected_from_it_with_logprobs_export_as_on_policy(tiny, tmp_pa
     from opto.preference import export_run, read_groups
 
     examples = [{"x": f"the cat {i}", "info": "blades", "id": f"e{i}"} for i in range(3)]
-    collect(Sampler(TransformersModel(tiny)), LengthGuide(), examples, samples=4, temperature=1.0,
+    collect(Sampler(TransformersModel(tiny)), DistinctRewards(), examples, samples=4, temperature=1.0,
             run_dir=tmp_path / "run", progress=False)
     reading = read_groups(tmp_path / "run")
     assert len(reading.groups) == 3 and reading.stats.off_policy_trajectories == 0

@@ -3,8 +3,10 @@
 The SDK's generic `post` builds an httpx request for every call (URL parsing, header
 merging, option models): over half a millisecond of CPU, more than the rest of a
 training step spends per call. So the hot path posts the JSON itself. The SDK client
-still provides the headers (key, organization, project, user agent) and turns an error
-response into its exception classes, so retries and error messages stay the same.
+still provides the headers (key, organization, project, user agent; not its
+X-Stainless-* telemetry, which servers do not need and every request would carry) and
+turns an error response into its exception classes, so retries and error messages stay
+the same.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ class ChatPoster:
         self.client = client
         self._url = str(client.base_url).rstrip("/") + "/chat/completions"
         headers = {**client.default_headers, **client.auth_headers}
-        self._headers = {k: v for k, v in headers.items() if isinstance(v, str)}  # the SDK marks unset ones Omit
+        self._headers = {
+            k: v
+            for k, v in headers.items()
+            if isinstance(v, str)  # the SDK marks unset ones Omit
+            and not k.lower().startswith("x-stainless-")  # its own telemetry: not needed
+        }
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._proxy = _env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
@@ -46,16 +53,15 @@ class ChatPoster:
             # limit=0: the model's semaphore bounds the requests in flight, not the pool.
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0))
         try:
-            async with self._session.post(
-                self._url, data=json.dumps(body), headers=self._headers, proxy=self._proxy
-            ) as response:
+            async with self._session.post(self._url, json=body, headers=self._headers, proxy=self._proxy) as response:
                 content = await response.read()
-                status, headers = response.status, list(response.headers.items())
+                status = response.status
         except asyncio.TimeoutError:
             raise openai.APITimeoutError(request=self._request()) from None
         except aiohttp.ClientError as exc:
             raise openai.APIConnectionError(message=f"Connection error: {exc}", request=self._request()) from None
         if status >= 400:
+            headers = list(response.headers.items())
             error = httpx2.Response(status, headers=headers, content=content, request=self._request())
             raise self.client._make_status_error_from_response(error)
         return json.loads(content)
@@ -64,10 +70,10 @@ class ChatPoster:
         return httpx2.Request("POST", self._url)
 
     async def close(self) -> None:
+        """Close this loop's connections (the SDK client sent nothing: it has none)."""
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-        await self.client.close()
 
 
 def _env_proxy(url: str) -> str | None:

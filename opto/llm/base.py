@@ -18,6 +18,7 @@ from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, val
 from .usage import (
     Budget,
     Price,
+    Tally,
     UsageStats,
     areserve_all,
     budgets_for,
@@ -59,7 +60,7 @@ class Model(ABC):
         self.cache = cache
         self.budget = budget
         self.prices = normalize_prices(prices)
-        self._usage = UsageStats()
+        self._usage = Tally()
         self._usage_lock = threading.Lock()
         if budget is not None and budget.max_cost_usd is not None and self.price is None:
             logger.warning(
@@ -74,7 +75,7 @@ class Model(ABC):
     def usage(self) -> UsageStats:
         """Calls, cached calls, tokens and cost so far (a snapshot)."""
         with self._usage_lock:
-            return self._usage.model_copy()
+            return self._usage.stats()
 
     @property
     def price(self) -> Price | None:
@@ -128,6 +129,17 @@ class Model(ABC):
             optional["stop"] = stop
         if logprobs:
             optional["logprobs"] = True
+        if self.cache is None:  # nothing to look up or store: the backend's completion is the answer
+            fresh = await self._paid_generate(
+                messages,
+                response_format=response_format,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                n=n,
+                seed=seed,
+                **optional,
+            )
+            return self._finish(fresh, messages, tools, max_tokens)
         request = {
             "model": self.name,
             "messages": messages,
@@ -138,16 +150,15 @@ class Model(ABC):
             "seed": seed,
             **optional,  # absent unless given, so the keys of earlier cached requests still match
         }
-        keys = [request_key(request, i) for i in range(n)] if self.cache is not None else []
+        keys = [request_key(request, i) for i in range(n)]
         texts: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
         calls: list[list[ToolCall]] = [[] for _ in range(n)]
         tokens: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-        if self.cache is not None:
-            for i, key in enumerate(keys):
-                hit = self.cache.get(key)
-                if hit is not None:
-                    texts[i], reasons[i], calls[i], tokens[i] = hit
+        for i, key in enumerate(keys):
+            hit = self.cache.get(key)
+            if hit is not None:
+                texts[i], reasons[i], calls[i], tokens[i] = hit
         missing = [i for i, text in enumerate(texts) if text is None]
         usage = TokenUsage()
         model_name = self.name
@@ -166,24 +177,36 @@ class Model(ABC):
                 texts[i], reasons[i] = text, fresh.finish_reason
                 calls[i] = fresh.sample_tool_calls[j] if j < len(fresh.sample_tool_calls) else []
                 tokens[i] = fresh.sample_logprobs[j] if j < len(fresh.sample_logprobs) else []
-                if self.cache is not None:
-                    self.cache.put(keys[i], text, fresh.finish_reason, calls[i], tokens[i])
+                self.cache.put(keys[i], text, fresh.finish_reason, calls[i], tokens[i])
         else:
             with self._usage_lock:
-                self._usage.cached_calls += 1
+                self._usage.count(None, 0.0)
             charge_meters(self.name, None, 0.0)
-        finish = "length" if "length" in reasons else (reasons[0] or "stop")
-        if finish == "stop" and any(calls):
-            finish = "tool_calls"
         completion = Completion(
             texts=[t or "" for t in texts],
-            finish_reason=finish,
+            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
             usage=usage,
             model=model_name,
             cached=not missing,
-            sample_tool_calls=calls if any(calls) else [],
-            sample_logprobs=tokens if any(tokens) else [],
+            sample_tool_calls=calls,
+            sample_logprobs=tokens,
         )
+        return self._finish(completion, messages, tools, max_tokens)
+
+    def _finish(
+        self, completion: Completion, messages: list[Message], tools: Any, max_tokens: int | None
+    ) -> Completion:
+        """The completion as `complete` returns it (tool calls named in its finish reason,
+        no per-sample lists without content), recorded in the run's trace."""
+        # Only what changes is assigned: each assignment to a pydantic model has a cost.
+        if completion.sample_tool_calls and not any(completion.sample_tool_calls):
+            completion.sample_tool_calls = []
+        if not completion.finish_reason or (completion.finish_reason == "stop" and completion.sample_tool_calls):
+            completion.finish_reason = "tool_calls" if completion.sample_tool_calls else "stop"
+        if completion.sample_logprobs and not any(completion.sample_logprobs):
+            completion.sample_logprobs = []
+        if not completion.model:
+            completion.model = self.name
         if completion.truncated:
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
         record_call(self.name, messages, completion, tools=tools)
@@ -204,13 +227,12 @@ class Model(ABC):
             raise
         for budget, reservation in zip(budgets, reservations):
             await budget.asettle(reservation, fresh.usage, self.price)
-        fresh.texts = [valid_unicode(text) for text in fresh.texts]
+        texts = fresh.texts
+        for i, text in enumerate(texts):
+            texts[i] = valid_unicode(text)
         cost = cost_of(fresh.usage, self.price)
         with self._usage_lock:
-            self._usage.calls += 1
-            self._usage.prompt_tokens += fresh.usage.prompt_tokens
-            self._usage.completion_tokens += fresh.usage.completion_tokens
-            self._usage.cost_usd += cost
+            self._usage.count(fresh.usage, cost)
         charge_meters(self.name, fresh.usage, cost)
         return fresh
 
@@ -247,7 +269,7 @@ class Model(ABC):
         there (the worker reports it to the run). Subclasses drop their connections."""
         state = dict(self.__dict__)
         state.pop("_usage_lock", None)
-        state["_usage"] = UsageStats()
+        state["_usage"] = Tally()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

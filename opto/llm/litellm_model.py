@@ -108,6 +108,9 @@ class LiteLLMModel(RemoteChatModel):
     """
 
     _thread_label = "litellm"
+    # LiteLLM keeps its own HTTP clients, shared by the process and bound to the loop that
+    # made them: its requests stay on the model's private loop, whatever loop calls.
+    _requests_on_caller_loop = False
 
     def __init__(
         self,

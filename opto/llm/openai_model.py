@@ -76,6 +76,7 @@ class OpenAIModel(RemoteChatModel):
         prices: Any = None,
     ) -> None:
         self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIModel")
+        self._sdk: openai.AsyncOpenAI | None = None  # made once: it builds an SSL context (20 ms)
         super().__init__(
             model,
             max_concurrency=max_concurrency,
@@ -98,12 +99,20 @@ class OpenAIModel(RemoteChatModel):
         state = super().__getstate__()
         if state["_api_key"] != NO_KEY:  # a key never travels: the other process reads its own
             state["_api_key"] = None
+        state["_sdk"] = None
         return state
 
     def _keep_secrets_of(self, other: RemoteChatModel) -> None:
         self._api_key = other._api_key  # type: ignore[attr-defined]
 
     def _new_poster(self) -> ChatPoster:
+        return ChatPoster(self._sdk_client(), self.timeout)
+
+    def _sdk_client(self) -> openai.AsyncOpenAI:
+        """The SDK client that gives every loop's poster its URL, headers and error classes
+        (it sends nothing itself, so it holds no connection and one serves every loop)."""
+        if self._sdk is not None:
+            return self._sdk
         if self._api_key is None:  # unpickled in another process (a Ray worker)
             self._api_key = os.environ.get("OPENAI_API_KEY") or None
             if self._api_key is None:
@@ -113,5 +122,7 @@ class OpenAIModel(RemoteChatModel):
                     "environment, or ray.init(runtime_env={'env_vars': {...}}))"
                 )
             remember_secret(self._api_key)
-        client = openai.AsyncOpenAI(api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0)
-        return ChatPoster(client, self.timeout)
+        self._sdk = openai.AsyncOpenAI(
+            api_key=self._api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+        )
+        return self._sdk

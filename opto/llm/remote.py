@@ -7,12 +7,15 @@ import asyncio
 import json
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import openai
 
-from ..errors import OptoValueError
+from ..errors import OptoValueError, UsageError
+from ._gate import SharedSemaphore
 from ._loop import BackgroundLoop
+from ._per_loop import PerLoop
 from .base import Model
 from .errors import describe_error, refused_request_error, unavailable_error
 from .ratelimit import RateLimiter
@@ -72,9 +75,12 @@ class RemoteChatModel(Model):
             against `max_retries`.
         cache, budget, prices: see `Model`.
 
-    The client, its connection pool and the limits live on a private event loop in a
-    daemon thread, so the model works across repeated `asyncio.run` calls and inside
-    Jupyter. Call `close()` (or `await aclose()`) when done; it also closes at exit.
+    Requests run on the caller's event loop, with a connection pool for each loop that
+    calls (closed when that loop ends), so the model works across repeated `asyncio.run`
+    calls and inside Jupyter; `max_concurrency` holds across all of them. A model with
+    rate limits, or whose client cannot share loops (`_requests_on_caller_loop`), sends
+    its requests from a private event loop in a daemon thread instead, where the limits
+    live. Call `close()` (or `await aclose()`) when done; it also closes at exit.
     """
 
     def __init__(
@@ -105,27 +111,32 @@ class RemoteChatModel(Model):
         self.max_retries = max_retries
         self.rate_limit_patience = rate_limit_patience
         self._limits = RateLimiter(requests_per_minute, tokens_per_minute)
-        self._loop = BackgroundLoop(f"opto-{self._thread_label}-{model}")
-        self._open: list[Poster] = []  # the client, once made (shared with the finalizer)
-        self._semaphore: asyncio.Semaphore | None = None
         # Formats this server rejected: json_schema falls back to json_object, then to none.
         self._rejected_formats: set[str] = set()
-        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+        self._start_clients()
 
     _thread_label = "remote"  # names the private loop's thread
+    # Whether requests may run on the caller's loop: True when each loop's poster holds
+    # everything it uses (a subclass whose library shares clients between loops says False).
+    _requests_on_caller_loop = True
+
+    def _start_clients(self) -> None:
+        """The private loop, the per-loop clients and the concurrency cap (none pickled)."""
+        self._loop = BackgroundLoop(f"opto-{self._thread_label}-{self.name}")
+        # Weakly: the finalizer holds the posters, and must not keep the model alive.
+        self._posters: PerLoop[Poster] = PerLoop(_weakly(self._new_poster))
+        self._gate = SharedSemaphore(self.max_concurrency)
+        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._posters)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for private in ("_loop", "_open", "_semaphore", "_finalizer"):  # rebuilt where unpickled
+        for private in ("_loop", "_posters", "_gate", "_finalizer"):  # rebuilt where unpickled
             state.pop(private, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._loop = BackgroundLoop(f"opto-{self._thread_label}-{self.name}")
-        self._open = []
-        self._semaphore = None
-        self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._open)
+        self._start_clients()
 
     def __copy__(self) -> RemoteChatModel:
         """A copy in this process (what `switch_model` makes): its own loop, locks and
@@ -140,13 +151,7 @@ class RemoteChatModel(Model):
 
     @abc.abstractmethod
     def _new_poster(self) -> Poster:
-        """The object that sends requests (made on the private loop, so its connections belong to it)."""
-
-    def _ensure_client(self) -> Poster:
-        if not self._open:
-            self._open.append(self._new_poster())
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        return self._open[0]
+        """The object that sends requests (made on the loop that sends them, so its connections belong to it)."""
 
     async def _generate(
         self,
@@ -181,29 +186,35 @@ class RemoteChatModel(Model):
             params["seed"] = seed
         if response_format is not None:
             params["response_format"] = response_format
+        if self._requests_on_caller_loop and not self._limits.limited:
+            return await self._request_with_retries(params)
+        # The limits' buckets belong to one loop: requests wait for them on the private one.
         return await self._loop.run(self._request_with_retries(params))
 
     async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
-        client = self._ensure_client()
-        assert self._semaphore is not None
-        estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in params["messages"])
+        client = self._posters.get() or await self._posters.start()
+        limited = self._limits.limited
+        estimate = _prompt_estimate(params["messages"]) if limited else 0  # for the token limit
         last_error: BaseException | None = None
         attempt = 0
         handle = None
         patience_ends = asyncio.get_running_loop().time() + self.rate_limit_patience
         while True:
-            # A failed attempt's estimate leaves the token window: it was not served.
-            self._limits.record_actual(handle, 0)
-            handle = None
-            _downgrade_format(params, self._rejected_formats)
+            if handle is not None:  # a failed attempt's estimate leaves the token window: it was not served
+                self._limits.record_actual(handle, 0)
+                handle = None
+            if self._rejected_formats:
+                _downgrade_format(params, self._rejected_formats)
             delay: float | None = None
             try:
-                async with self._semaphore:
+                async with self._gate:
                     # Inside the slot, so the rate limits count requests when they are sent.
-                    handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
+                    if limited:
+                        handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
                     reply = await client.post(params)
-                completion = self._to_completion(reply, estimate)
-                self._limits.record_actual(handle, completion.usage.total_tokens)
+                completion = self._to_completion(reply, params["messages"])
+                if handle is not None:
+                    self._limits.record_actual(handle, completion.usage.total_tokens)
                 return completion
             except openai.APIStatusError as exc:
                 kind = (params.get("response_format") or {}).get("type")
@@ -258,7 +269,9 @@ class RemoteChatModel(Model):
             **_details_of(last_error, self.name),
         ) from _keyless(last_error)
 
-    def _to_completion(self, body: Any, prompt_estimate: int) -> Completion:
+    def _to_completion(self, body: Any, messages: list[Message]) -> Completion:
+        """The reply as a `Completion`; a prompt token count it does not give is estimated
+        from `messages`."""
         choices = body.get("choices") if isinstance(body, dict) else None
         if not choices or not all(isinstance(c, dict) for c in choices):
             raise _MalformedReply(f"reply has no choices: {str(body)[:200]}")
@@ -268,11 +281,12 @@ class RemoteChatModel(Model):
         sampled = [_token_logprobs(choice) for choice in choices]
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
         source = f"{self.name}'s replies"
-        prompt = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
+        prompt_tokens = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
         completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
-        # A count missing or invalid is estimated, so a reply cannot make a call free.
+        if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
+            prompt_tokens = _prompt_estimate(messages)
         tokens = TokenUsage(
-            prompt_tokens=prompt_estimate if prompt is None else prompt,
+            prompt_tokens=prompt_tokens,
             completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion,
         )
         return Completion(
@@ -285,21 +299,40 @@ class RemoteChatModel(Model):
         )
 
     async def aclose(self) -> None:
-        """Close the HTTP client and stop the private loop."""
-        if self._loop.running and self._open:
-            await self._loop.run(self._open.pop().close())
-        await asyncio.to_thread(self._loop.stop)
+        """Close the HTTP clients and stop the private loop (this loop's client is closed
+        when this returns; another running loop's is closed on that loop)."""
+        await self._posters.close_here()
+        await asyncio.to_thread(_shut_down, self._loop, self._posters)
 
     def close(self) -> None:
-        """Close the HTTP client and stop the private loop (the model can still be used: both restart)."""
-        _shut_down(self._loop, self._open)
+        """Close the HTTP clients and stop the private loop (the model can still be used: both restart)."""
+        _shut_down(self._loop, self._posters)
 
 
-def _shut_down(loop: BackgroundLoop, open_clients: list[Poster]) -> None:
-    """Close the client on its loop, then stop the loop (also when the model is collected)."""
-    if loop.running and open_clients:
-        loop.run_sync(open_clients.pop().close(), timeout=10)
+def _shut_down(loop: BackgroundLoop, posters: PerLoop[Poster]) -> None:
+    """Close the private loop's client there and stop that loop; every other loop closes
+    its own client (also when the model is collected)."""
+    if loop.running:
+        posters.close_on(loop.loop, timeout=10)
+    posters.drop_all()
     loop.stop()
+
+
+def _prompt_estimate(messages: list[Message]) -> int:
+    return sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
+
+
+def _weakly(method: Callable[[], Poster]) -> Callable[[], Poster]:
+    """`method`, without a reference to its object."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> Poster:
+        bound = ref()
+        if bound is None:  # pragma: no cover - the model is gone, so nobody asks
+            raise UsageError("the model was collected")
+        return bound()
+
+    return call
 
 
 def _downgrade_format(params: dict[str, Any], rejected: set[str]) -> None:

@@ -8,12 +8,10 @@ their results with `tool_result`, so the trace holds what the tools returned too
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
-from collections.abc import Iterator
 from typing import Any
 
+from .._context import Scope, current_records
 from ..errors import OptoValueError
 from .types import Completion, Message, ToolCall, content_text, tool_calls_of
 
@@ -25,47 +23,32 @@ LLMCall = dict[str, Any]
 offered) when it had them, "truncated": True for a reply cut at max_tokens, and "logprobs"
 (the reply's tokens with their logprobs) when the call asked for them. A tool's result: {"tool_result": {"tool_call_id", "name", "content"}}."""
 
-_TRACE: contextvars.ContextVar[list[LLMCall] | None] = contextvars.ContextVar("opto_llm_trace", default=None)
-
-
-_BY_OPTO: contextvars.ContextVar[bool] = contextvars.ContextVar("opto_call_recorded_by_opto", default=False)
-
 
 def current_trace() -> list[LLMCall] | None:
     """The trace of the enclosing `record_llm_calls` block (a rollout's), or None."""
-    return _TRACE.get()
+    return current_records().trace
 
 
-@contextlib.contextmanager
-def recorded_by_opto() -> Iterator[None]:
+def recorded_by_opto() -> Scope[None]:
     """Mark a call that opto records itself, so an OpenTelemetry span of it is not counted again."""
-    token = _BY_OPTO.set(True)
-    try:
-        yield
-    finally:
-        _BY_OPTO.reset(token)
+    return Scope(None, by_opto=True)
 
 
 def is_recorded_by_opto() -> bool:
-    return _BY_OPTO.get()
+    return current_records().by_opto
 
 
-@contextlib.contextmanager
-def record_llm_calls() -> Iterator[list[LLMCall]]:
+def record_llm_calls() -> Scope[list[LLMCall]]:
     """Collect every model call made inside the block into the yielded list."""
     calls: list[LLMCall] = []
-    token = _TRACE.set(calls)
-    try:
-        yield calls
-    finally:
-        _TRACE.reset(token)
+    return Scope(calls, trace=calls)
 
 
 def record_call(
     model: str, messages: list[Message], completion: Completion, tools: list[dict[str, Any]] | None = None
 ) -> None:
     """Append one call to the current run's trace (nothing happens outside a run)."""
-    calls = _TRACE.get()
+    calls = current_records().trace
     if calls is not None:
         call: LLMCall = {"model": model, "messages": messages, "response": completion.text, "cached": completion.cached}
         if completion.tool_calls:
@@ -102,7 +85,7 @@ def tool_result(call: ToolCall | dict[str, Any] | Any, result: Any) -> Message:
             raise OptoValueError(f"tool_result needs a tool call with a function name, got {call!r}")
         call = found[0]
     content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
-    calls = _TRACE.get()
+    calls = current_records().trace
     if calls is not None:
         calls.append({"tool_result": {"tool_call_id": call.id, "name": call.name, "content": content}})
     return {"role": "tool", "tool_call_id": call.id, "content": content}

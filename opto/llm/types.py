@@ -169,6 +169,8 @@ def content_text(content: Any) -> str:
 def valid_unicode(text: str) -> str:
     """`text` with lone surrogates (from a broken escape in some JSON) replaced by U+FFFD,
     so it can be cached, written to files and sent as UTF-8."""
+    if text.isascii():  # most replies: no surrogate possible, and no copy made to find out
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .._context import Scope, current_records
 from ..errors import OptoValueError
 from .errors import BudgetExceeded
 from .shared_limits import Link, current_hub
@@ -220,6 +221,43 @@ def _refused_or(answer: Any) -> tuple[int, float]:
     return tuple(answer)
 
 
+class Tally:
+    """Running usage counts of one model: plain numbers, updated on every call and read
+    rarely (as a `UsageStats`)."""
+
+    __slots__ = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd")
+
+    def __init__(self) -> None:
+        self.calls = self.cached_calls = self.prompt_tokens = self.completion_tokens = 0
+        self.cost_usd = 0.0
+
+    def count(self, usage: TokenUsage | None, cost: float) -> None:
+        """One call: a paid one (its usage and cost) or a cache hit (None)."""
+        if usage is None:
+            self.cached_calls += 1
+        else:
+            self.calls += 1
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+            self.cost_usd += cost
+
+    def add(self, stats: UsageStats) -> None:
+        self.calls += stats.calls
+        self.cached_calls += stats.cached_calls
+        self.prompt_tokens += stats.prompt_tokens
+        self.completion_tokens += stats.completion_tokens
+        self.cost_usd += stats.cost_usd
+
+    def stats(self) -> UsageStats:
+        return UsageStats(
+            calls=self.calls,
+            cached_calls=self.cached_calls,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cost_usd=self.cost_usd,
+        )
+
+
 class UsageMeter:
     """Usage of every model call made inside a `meter_usage()` block, per model name.
 
@@ -229,43 +267,42 @@ class UsageMeter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.by_model: dict[str, UsageStats] = {}
+        self._tallies: dict[str, Tally] = {}
+
+    @property
+    def by_model(self) -> dict[str, UsageStats]:
+        """{model name: its usage} so far (a snapshot)."""
+        with self._lock:
+            return {model: tally.stats() for model, tally in self._tallies.items()}
 
     def charge(self, model: str, usage: TokenUsage | None, cost: float) -> None:
         with self._lock:
-            stats = self.by_model.setdefault(model, UsageStats())
-            if usage is None:
-                stats.cached_calls += 1
-            else:
-                stats.calls += 1
-                stats.prompt_tokens += usage.prompt_tokens
-                stats.completion_tokens += usage.completion_tokens
-                stats.cost_usd += cost
+            tally = self._tallies.get(model)
+            if tally is None:
+                tally = self._tallies[model] = Tally()
+            tally.count(usage, cost)
 
     def add(self, by_model: Mapping[str, UsageStats]) -> None:
         """Add usage counted by another meter."""
         with self._lock:
             for model, stats in by_model.items():
-                self.by_model[model] = self.by_model.get(model, UsageStats()) + stats
+                self._tallies.setdefault(model, Tally()).add(stats)
 
     @property
     def total(self) -> UsageStats:
+        return sum(self.by_model.values(), UsageStats())
+
+    def tokens_and_cost(self) -> tuple[int, float]:
+        """Paid tokens and their cost over every model (`total`'s, without building it)."""
         with self._lock:
-            return sum(self.by_model.values(), UsageStats())
+            tallies = list(self._tallies.values())
+        return sum(t.prompt_tokens + t.completion_tokens for t in tallies), sum(t.cost_usd for t in tallies)
 
 
-_METERS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar("opto_usage_meters", default=())
-
-
-@contextlib.contextmanager
-def meter_usage() -> Iterator[UsageMeter]:
+def meter_usage() -> Scope[UsageMeter]:
     """Count the usage of model calls made inside the block (meters nest)."""
     meter = UsageMeter()
-    token = _METERS.set((*_METERS.get(), meter))
-    try:
-        yield meter
-    finally:
-        _METERS.reset(token)
+    return Scope(meter, meter=meter)
 
 
 _RUN_BUDGETS: contextvars.ContextVar[tuple[Budget, ...]] = contextvars.ContextVar("opto_run_budgets", default=())
@@ -284,7 +321,7 @@ def budget_scope(*budgets: Budget) -> Iterator[None]:
 
 def current_meters() -> tuple[UsageMeter, ...]:
     """The meters of the enclosing `meter_usage` blocks."""
-    return _METERS.get()
+    return current_records().meters
 
 
 def run_budgets() -> tuple[Budget, ...]:
@@ -336,11 +373,11 @@ def settle_all(
 
 def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:
     """Called by `Model` for each call: a paid one (usage) or a cache hit (None)."""
-    for meter in _METERS.get():
+    for meter in current_records().meters:
         meter.charge(model, usage, cost)
 
 
 def add_to_meters(by_model: Mapping[str, UsageStats]) -> None:
     """Count usage measured elsewhere (a worker process's calls) in this task's meters."""
-    for meter in _METERS.get():
+    for meter in current_records().meters:
         meter.add(by_model)

@@ -1,0 +1,88 @@
+"""What a run records about the code running in it, in one context variable.
+
+A rollout records its model calls (the trace), the parameters its agent reads and the
+usage of its calls (meters), and a model call marks itself as recorded by opto. These used
+to be four context variables. Each `ContextVar.set` copies the context's mapping, and the
+copies live as long as the model call they span: at a few hundred calls in flight, that
+is most of what the young-generation garbage collector walks. One variable holding a
+small record is one copy per scope, and a rollout opens its three records in one scope.
+
+`Scope` is a plain object, not a generator `contextlib.contextmanager`: a generator costs
+an object, two `next` calls and their frames on every entry.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from types import TracebackType
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from .llm.tracing import LLMCall
+    from .llm.usage import UsageMeter
+
+T = TypeVar("T")
+
+__all__ = ["Records", "Scope", "current_records"]
+
+
+class Records:
+    """The records the current code runs under (read-only: a scope makes a new one)."""
+
+    __slots__ = ("trace", "reads", "meters", "by_opto")
+
+    def __init__(
+        self, trace: list[LLMCall] | None, reads: set[str] | None, meters: tuple[UsageMeter, ...], by_opto: bool
+    ) -> None:
+        self.trace = trace  # the innermost `record_llm_calls` list
+        self.reads = reads  # the innermost `track_reads` set
+        self.meters = meters  # every enclosing `meter_usage` meter, outermost first
+        self.by_opto = by_opto  # inside a model call that opto records itself
+
+
+_OUTSIDE_ANY_SCOPE = Records(None, None, (), False)  # never changed: a scope makes a new one
+_RECORDS: contextvars.ContextVar[Records] = contextvars.ContextVar("opto_records", default=_OUTSIDE_ANY_SCOPE)
+
+
+def current_records() -> Records:
+    return _RECORDS.get()
+
+
+class Scope(Generic[T]):
+    """A `with` block that records into what it is given (the rest as outside it), and
+    gives `result` to `with ... as`. Scopes nest: the innermost trace and reads win, and
+    every enclosing meter counts."""
+
+    __slots__ = ("_trace", "_reads", "_meter", "_by_opto", "_result", "_token")
+
+    def __init__(
+        self,
+        result: T,
+        *,
+        trace: list[LLMCall] | None = None,
+        reads: set[str] | None = None,
+        meter: UsageMeter | None = None,
+        by_opto: bool = False,
+    ) -> None:
+        self._trace = trace
+        self._reads = reads
+        self._meter = meter
+        self._by_opto = by_opto
+        self._result = result
+
+    def __enter__(self) -> T:
+        outside = _RECORDS.get()
+        self._token = _RECORDS.set(
+            Records(
+                outside.trace if self._trace is None else self._trace,
+                outside.reads if self._reads is None else self._reads,
+                outside.meters if self._meter is None else (*outside.meters, self._meter),
+                outside.by_opto or self._by_opto,
+            )
+        )
+        return self._result
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        _RECORDS.reset(self._token)

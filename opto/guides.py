@@ -114,7 +114,7 @@ class ExactMatchGuide(Guide):
         text = "" if output is None else str(output)
         prepare = _normalize if self.normalize else (lambda s: s)
         if prepare(text) in {prepare(t) for t in targets}:
-            return Feedback(score=1.0, feedback="Correct.")
+            return _CORRECT
         expected = _quote(targets[0])
         if len(targets) > 1:
             expected += " (or " + ", ".join(_quote(t) for t in targets[1:]) + ")"
@@ -123,6 +123,9 @@ class ExactMatchGuide(Guide):
     async def aget_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         """Exact matching is cheap: run it inline instead of in a thread."""
         return self.get_feedback(x, output, info)
+
+
+_CORRECT = Feedback(score=1.0, feedback="Correct.")  # frozen: one serves every correct answer
 
 
 def _targets(info: Any) -> list[str]:

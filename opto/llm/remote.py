@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import openai
@@ -153,7 +153,7 @@ class RemoteChatModel(Model):
     def _new_poster(self) -> Poster:
         """The object that sends requests (made on the loop that sends them, so its connections belong to it)."""
 
-    async def _generate(
+    def _generate(  # not async: it returns the request's coroutine, one fewer for every call in flight
         self,
         messages: list[Message],
         *,
@@ -166,7 +166,7 @@ class RemoteChatModel(Model):
         tool_choice: str | dict[str, Any] | None = None,
         stop: list[str] | None = None,
         logprobs: bool = False,
-    ) -> Completion:
+    ) -> Coroutine[Any, Any, Completion]:
         params: dict[str, Any] = {"model": self.name, "messages": messages}
         if stop is not None:
             params["stop"] = stop
@@ -187,9 +187,9 @@ class RemoteChatModel(Model):
         if response_format is not None:
             params["response_format"] = response_format
         if self._requests_on_caller_loop and not self._limits.limited:
-            return await self._request_with_retries(params)
+            return self._request_with_retries(params)
         # The limits' buckets belong to one loop: requests wait for them on the private one.
-        return await self._loop.run(self._request_with_retries(params))
+        return self._loop.run(self._request_with_retries(params))
 
     async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
         client = self._posters.get() or await self._posters.start()
@@ -285,7 +285,8 @@ class RemoteChatModel(Model):
         completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
         if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
             prompt_tokens = _prompt_estimate(messages)
-        tokens = TokenUsage(
+        # Both counts are whole numbers >= 0 already (read by `reported_tokens`, or estimated).
+        tokens = TokenUsage.model_construct(
             prompt_tokens=prompt_tokens,
             completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion,
         )

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from opto.data import Example
 from opto.llm import (
     Budget,
     BudgetExceeded,
@@ -157,6 +158,36 @@ async def test_traces_of_concurrent_tasks_do_not_mix():
     traces = await asyncio.gather(*(run(f"task{i}") for i in range(5)))
     for i, calls in enumerate(traces):
         assert [c["response"] for c in calls] == [f"task{i}"] * 3
+
+
+async def test_records_nest_the_innermost_trace_and_reads_win_and_every_meter_counts():
+    from opto import Agent, ExactMatchGuide, Parameter
+    from opto.llm.usage import meter_usage
+    from opto.parameters import track_reads
+    from opto.rollout import run_rollout
+
+    class Echo(Agent):
+        def __init__(self) -> None:
+            self.model = ScriptedModel(lambda messages: messages[-1]["content"])
+            self.prompt = Parameter("say", name="prompt")
+
+        async def forward(self, x):
+            return (await self.model.complete([{"role": "user", "content": self.prompt.value + str(x)}])).text
+
+    agent = Echo()
+    with meter_usage() as outer_meter, record_llm_calls() as outer, track_reads() as outer_reads:
+        await agent.model.complete(MSG)
+        with meter_usage() as inner_meter, record_llm_calls() as inner, track_reads() as inner_reads:
+            await agent.model.complete(MSG)
+            agent.prompt.value  # noqa: B018  # a read
+        rollout = await run_rollout(agent, ExactMatchGuide(), Example("1", "say1"))
+        await agent.model.complete(MSG)
+    assert [c["messages"] for c in outer] == [MSG, MSG] and [c["messages"] for c in inner] == [MSG]
+    assert inner_reads == {"prompt"} and not outer_reads  # the rollout's reads are its own
+    assert rollout.parameters_read == ["prompt"] and [c["response"] for c in rollout.trace] == ["say1"]
+    assert outer_meter.total.calls == 4 and inner_meter.total.calls == 1  # the rollout's call counts outside too
+    await agent.model.complete(MSG)  # outside every block: recorded nowhere
+    assert outer_meter.total.calls == 4 and len(outer) == 2
 
 
 def test_retry_after_parsing_and_backoff_growth():

@@ -106,39 +106,42 @@ async def run_rollout(
     finishes in the background, its result unused). `BudgetExceeded` propagates,
     because it means the run must stop, not that this example failed.
     """
-    return await _run_one(agent, guide, example, values, min_score, timeout, lambda: values_digest(agent))
+    with _assigned(values):
+        return await _run_one(agent, guide, example, min_score, timeout, lambda: values_digest(agent))
 
 
 _NO_VALUES = contextlib.nullcontext()  # stateless: one serves every rollout without values
+
+
+def _assigned(values: ParameterValues | None) -> contextlib.AbstractContextManager[None]:
+    return assign(values) if values else _NO_VALUES
 
 
 async def _run_one(
     agent: Agent,
     guide: Guide,
     example: Example,
-    values: ParameterValues | None,
     min_score: float | None,
     timeout: float | None,
     digest: Callable[[], str],
 ) -> Rollout:
-    """`run_rollout`, with the digest of the values it runs under given by `digest`."""
+    """`run_rollout` under the values assigned around it, their digest given by `digest`."""
     base = {"example_id": example.id or "", "x": example.x, "info": example.info}
     started = time.perf_counter()
-    with assign(values) if values else _NO_VALUES:
-        base["values_hash"] = digest()  # before tracking: the digest is not the agent's read
-        trace: list[LLMCall] = []
-        reads: set[str] = set()
-        meter = UsageMeter()
-        # The three records in one scope: one context change per rollout, not three.
-        with Scope(None, trace=trace, reads=reads, meter=meter):
-            if timeout is None:
-                fields = await _agent_then_guide(agent, guide, example, min_score)
-            else:
-                try:
-                    fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
-                except TimeoutError:
-                    logger.debug("rollout on %s timed out after %s s", example.id, timeout)
-                    fields = timeout_fields(timeout, min_score)
+    base["values_hash"] = digest()  # before tracking: the digest is not the agent's read
+    trace: list[LLMCall] = []
+    reads: set[str] = set()
+    meter = UsageMeter()
+    # The three records in one scope: one context change per rollout, not three.
+    with Scope(None, trace=trace, reads=reads, meter=meter):
+        if timeout is None:
+            fields = await _agent_then_guide(agent, guide, example, min_score)
+        else:
+            try:
+                fields = await asyncio.wait_for(_agent_then_guide(agent, guide, example, min_score), timeout)
+            except TimeoutError:
+                logger.debug("rollout on %s timed out after %s s", example.id, timeout)
+                fields = timeout_fields(timeout, min_score)
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
@@ -237,12 +240,13 @@ async def run_rollouts(
     # each rollout ends, and so must be a context variable that an agent sets.
     async def worker() -> None:
         for index, example in todo:
-            rollout = await _run_one(agent, guide, example, values, min_score, timeout, digest)
+            rollout = await _run_one(agent, guide, example, min_score, timeout, digest)
             results[index] = rollout
             if on_result is not None:
                 on_result(rollout)
 
-    await gather_all(worker() for _ in range(min(concurrency, len(examples))))
+    with _assigned(values):  # once for the batch (checked once), not once a rollout
+        await gather_all(worker() for _ in range(min(concurrency, len(examples))))
     return results  # type: ignore[return-value]  # every index was filled
 
 

@@ -1,11 +1,11 @@
 """What a run records about the code running in it, in one context variable.
 
 A rollout records its model calls (the trace), the parameters its agent reads and the
-usage of its calls (meters), and a model call marks itself as recorded by opto. These used
-to be four context variables. Each `ContextVar.set` copies the context's mapping, and the
-copies live as long as the model call they span: at a few hundred calls in flight, that
-is most of what the young-generation garbage collector walks. One variable holding a
-small record is one copy per scope, and a rollout opens its three records in one scope.
+usage of its calls (meters), and a model call marks itself as recorded by opto. All four
+live in one small read-only `Records`: a `Scope` makes a new one for its block from the
+one outside it, so a rollout opens its three records with one context change, and every
+reader looks in one place. (Four variables, one per record, cost the same garbage
+collection: BENCHMARKS.md, "Evaluation at scale".)
 
 `Scope` is a plain object, not a generator `contextlib.contextmanager`: a generator costs
 an object, two `next` calls and their frames on every entry.

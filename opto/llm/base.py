@@ -129,27 +129,16 @@ class Model(ABC):
             optional["stop"] = stop
         if logprobs:
             optional["logprobs"] = True
-        if self.cache is None:  # nothing to look up or store: the backend's completion is the answer
-            fresh = await self._paid_generate(
-                messages,
-                response_format=response_format,
-                temperature=temperature,
-                max_tokens=max_tokens,
-                n=n,
-                seed=seed,
-                **optional,
-            )
-            return self._finish(fresh, messages, tools, max_tokens)
-        request = {
-            "model": self.name,
-            "messages": messages,
+        settings = {
             "response_format": response_format,
             "temperature": temperature,
             "max_tokens": max_tokens,
-            "n": n,
             "seed": seed,
             **optional,  # absent unless given, so the keys of earlier cached requests still match
         }
+        if self.cache is None:  # nothing to look up or store: the backend's completion is the answer
+            return self._finish(await self._paid_generate(messages, n=n, **settings), messages, tools, max_tokens)
+        request = {"model": self.name, "messages": messages, "n": n, **settings}  # keys sorted in the cache key
         keys = [request_key(request, i) for i in range(n)]
         texts: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
@@ -163,15 +152,7 @@ class Model(ABC):
         usage = TokenUsage()
         model_name = self.name
         if missing:
-            fresh = await self._paid_generate(
-                messages,
-                response_format=response_format,
-                temperature=temperature,
-                max_tokens=max_tokens,
-                n=len(missing),
-                seed=seed,
-                **optional,
-            )
+            fresh = await self._paid_generate(messages, n=len(missing), **settings)
             usage, model_name = fresh.usage, fresh.model or self.name
             for j, (i, text) in enumerate(zip(missing, fresh.texts)):
                 texts[i], reasons[i] = text, fresh.finish_reason
@@ -227,7 +208,7 @@ class Model(ABC):
             raise
         for budget, reservation in zip(budgets, reservations):
             await budget.asettle(reservation, fresh.usage, self.price)
-        texts = fresh.texts
+        texts = fresh.texts  # fixed in place: assigning a new list to the pydantic model would validate it
         for i, text in enumerate(texts):
             texts[i] = valid_unicode(text)
         cost = cost_of(fresh.usage, self.price)

@@ -6,7 +6,10 @@ after `--latency` seconds): N one-call rollouts at concurrency 64 and 256, throu
 - aiohttp directly (post the JSON, read the JSON): the floor, what any client must spend;
 - the OpenAI SDK (`AsyncOpenAI`, retries off);
 - `opto.evaluate` of an agent that makes one `OpenAIModel` call per example (its trace,
-  usage, budget checks, rollout records and all).
+  usage, budget checks, rollout records and all);
+
+all three sending the same request for each example (the agent's system prompt and the
+input, with the key in an Authorization header).
 
 Each row gives the wall time, this process's CPU time per call (all threads) and both as a
 ratio to the floor's. The clients run in rounds (one run of each, a full garbage
@@ -39,7 +42,13 @@ from fake_server_process import fake_server
 
 from opto import Agent, ExactMatchGuide, OpenAIModel, Parameter, aevaluate, evaluate
 
-MESSAGES = [{"role": "user", "content": "How many objects are in the box?"}]
+SYSTEM_PROMPT = "Answer."
+API_KEY = "bench"
+
+
+def _messages(system: str, x: Any) -> list[dict[str, str]]:
+    """What every client sends for example `x`: the agent's system prompt and the input."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": str(x)}]
 
 
 def _cpu() -> float:
@@ -48,28 +57,32 @@ def _cpu() -> float:
 
 async def _aiohttp_calls(base_url: str, calls: int, concurrency: int) -> None:
     gate = asyncio.Semaphore(concurrency)
-    body = {"model": "bench-model", "messages": MESSAGES}
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    headers = {"Authorization": f"Bearer {API_KEY}"}  # the same request as the others: a key is a must
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
-        async def one() -> None:
+        async def one(x: int) -> None:
+            body = {"model": "bench-model", "messages": _messages(SYSTEM_PROMPT, x)}
             async with gate, session.post(f"{base_url}/chat/completions", json=body) as response:
                 reply = await response.json()
                 assert reply["choices"][0]["message"]["content"]
 
-        await asyncio.gather(*(one() for _ in range(calls)))
+        await asyncio.gather(*(one(x) for x in range(calls)))
 
 
 async def _sdk_calls(base_url: str, calls: int, concurrency: int) -> None:
     gate = asyncio.Semaphore(concurrency)
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
 
-    async def one() -> None:
+    async def one(x: int) -> None:
         async with gate:
-            reply = await client.chat.completions.create(model="bench-model", messages=MESSAGES)
+            reply = await client.chat.completions.create(
+                model="bench-model",
+                messages=_messages(SYSTEM_PROMPT, x),  # type: ignore[arg-type]  # plain dicts
+            )
             assert reply.choices[0].message.content
 
-    await asyncio.gather(*(one() for _ in range(calls)))
+    await asyncio.gather(*(one(x) for x in range(calls)))
     await client.close()
 
 
@@ -79,15 +92,14 @@ class OneCall(Agent):
     def __init__(self, model: Any, cpu_seconds: float = 0.0) -> None:
         self.model = model
         self.cpu_seconds = cpu_seconds
-        self.prompt = Parameter("Answer.", description="system prompt")
+        self.prompt = Parameter(SYSTEM_PROMPT, description="system prompt")
 
     async def forward(self, x: Any) -> str:
         if self.cpu_seconds:  # the agent's own work (parsing, tools): CPU-bound, holds the GIL
             started = time.process_time()
             while time.process_time() - started < self.cpu_seconds:
                 pass
-        messages = [{"role": "system", "content": self.prompt.value}, {"role": "user", "content": str(x)}]
-        return (await self.model.complete(messages)).text
+        return (await self.model.complete(_messages(self.prompt.value, x))).text
 
 
 def _data(n: int) -> list[dict[str, Any]]:
@@ -105,7 +117,7 @@ def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str,
     elif kind == "sdk":
         run = lambda n: asyncio.run(_sdk_calls(base_url, n, concurrency))  # noqa: E731
     else:
-        model = OpenAIModel("bench-model", base_url=base_url, api_key="bench", max_concurrency=concurrency)
+        model = OpenAIModel("bench-model", base_url=base_url, api_key=API_KEY, max_concurrency=concurrency)
         agent = OneCall(model)
         run = lambda n: asyncio.run(  # noqa: E731
             aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=concurrency, max_failures=None)
@@ -130,7 +142,9 @@ def part_one(calls: int, concurrencies: list[int], latency: float, repeat: int) 
         server.set_latency(latency)
         for concurrency in concurrencies:
             ideal = -(-calls // concurrency) * latency
-            rounds = [{kind: measure(kind, server.base_url, calls, concurrency) for kind in KINDS} for _ in range(repeat)]
+            rounds = [
+                {kind: measure(kind, server.base_url, calls, concurrency) for kind in KINDS} for _ in range(repeat)
+            ]
             for kind in KINDS:
                 found = {
                     "cpu_ms": _median(r[kind]["cpu_ms"] for r in rounds),
@@ -191,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{platform.machine()} {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, "
           f"openai {openai.__version__}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
     print(f"\nPart 1: {args.calls} one-call rollouts, server latency {args.latency * 1000:.0f} ms (own process)")
-    print("| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor | each round | full GCs |")
+    print(
+        "| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor | each round | full GCs |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
     for row in part_one(args.calls, args.concurrency, args.latency, args.repeat):
         each = " ".join(f"{x:.2f}" for x in row["cpu_x_range"])

@@ -8,7 +8,8 @@ reader looks in one place. (Four variables, one per record, cost the same garbag
 collection: BENCHMARKS.md, "Evaluation at scale".)
 
 `Scope` is a plain object, not a generator `contextlib.contextmanager`: a generator costs
-an object, two `next` calls and their frames on every entry.
+an object, two `next` calls and their frames on every entry. The hot paths (a rollout, a
+model call) skip even that object: `open_records` and `close_records` around a `try`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Records", "Scope", "current_records"]
+__all__ = ["Records", "Scope", "close_records", "current_records", "open_records"]
 
 
 class Records:
@@ -46,6 +47,30 @@ _RECORDS: contextvars.ContextVar[Records] = contextvars.ContextVar("opto_records
 
 def current_records() -> Records:
     return _RECORDS.get()
+
+
+def open_records(
+    trace: list[LLMCall] | None = None,
+    reads: set[str] | None = None,
+    meter: UsageMeter | None = None,
+    by_opto: bool = False,
+) -> contextvars.Token[Records]:
+    """Record into what is given from now on (the rest as before); `close_records` with
+    the returned token ends it. `Scope` is the `with` form."""
+    outside = _RECORDS.get()
+    return _RECORDS.set(
+        Records(
+            outside.trace if trace is None else trace,
+            outside.reads if reads is None else reads,
+            outside.meters if meter is None else (*outside.meters, meter),
+            outside.by_opto or by_opto,
+        )
+    )
+
+
+def close_records(token: contextvars.Token[Records]) -> None:
+    """Record as before the `open_records` that returned `token`."""
+    _RECORDS.reset(token)
 
 
 class Scope(Generic[T]):
@@ -71,15 +96,7 @@ class Scope(Generic[T]):
         self._result = result
 
     def __enter__(self) -> T:
-        outside = _RECORDS.get()
-        self._token = _RECORDS.set(
-            Records(
-                outside.trace if self._trace is None else self._trace,
-                outside.reads if self._reads is None else self._reads,
-                outside.meters if self._meter is None else (*outside.meters, self._meter),
-                outside.by_opto or self._by_opto,
-            )
-        )
+        self._token = open_records(self._trace, self._reads, self._meter, self._by_opto)
         return self._result
 
     def __exit__(

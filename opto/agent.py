@@ -118,8 +118,9 @@ class Agent:
         The thread inherits the current context, so it sees assigned values and
         records its model calls in the current trace.
         """
-        args, kwargs = _spread(x, _forward_takes_several(self.forward))
-        if inspect.iscoroutinefunction(self.forward):
+        several, is_async = _forward_shape(self.forward)
+        args, kwargs = _spread(x, several)
+        if is_async:
             return await self.forward(*args, **kwargs)
         result = await asyncio.to_thread(self.forward, *args, **kwargs)
         return await result if inspect.isawaitable(result) else result
@@ -178,18 +179,19 @@ def _takes_several(forward: Callable[..., Any], exclude: frozenset[str] = frozen
 
 # `forward`'s shape, read once per function: inspect.signature is slow and every rollout
 # needs it. Weak, so a function's globals (a notebook's, an exec'd script's) are not kept alive.
-_FORWARD_TAKES_SEVERAL: weakref.WeakKeyDictionary[Callable[..., Any], bool] = weakref.WeakKeyDictionary()
+_FORWARD_SHAPES: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bool, bool]] = weakref.WeakKeyDictionary()
 
 
-def _forward_takes_several(forward: Callable[..., Any]) -> bool:
+def _forward_shape(forward: Callable[..., Any]) -> tuple[bool, bool]:
+    """(whether `forward` takes several inputs, whether it is a coroutine function)."""
     function = getattr(forward, "__func__", forward)  # a bound method is a new object each time
     try:
-        return _FORWARD_TAKES_SEVERAL[function]
+        return _FORWARD_SHAPES[function]
     except KeyError:
-        several = _FORWARD_TAKES_SEVERAL[function] = _takes_several(forward)
+        shape = _FORWARD_SHAPES[function] = (_takes_several(forward), inspect.iscoroutinefunction(forward))
     except TypeError:  # a callable that cannot be weakly referenced
-        several = _takes_several(forward)
-    return several
+        shape = (_takes_several(forward), inspect.iscoroutinefunction(forward))
+    return shape
 
 
 class _FunctionAgent(Agent):

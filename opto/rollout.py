@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._async import gather_all
-from ._context import Scope
+from ._context import close_records, open_records
 from ._io import json_key
 from .agent import Agent
 from .data import Example
@@ -132,8 +132,8 @@ async def _run_one(
     trace: list[LLMCall] = []
     reads: set[str] = set()
     meter = UsageMeter()
-    # The three records in one scope: one context change per rollout, not three.
-    with Scope(None, trace=trace, reads=reads, meter=meter):
+    records = open_records(trace, reads, meter)  # the three records at once: one context change per rollout
+    try:
         if timeout is None:
             fields = await _agent_then_guide(agent, guide, example, min_score)
         else:
@@ -142,6 +142,8 @@ async def _run_one(
             except TimeoutError:
                 logger.debug("rollout on %s timed out after %s s", example.id, timeout)
                 fields = timeout_fields(timeout, min_score)
+    finally:
+        close_records(records)
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)

@@ -50,10 +50,13 @@ class ChatPoster:
         """The reply's JSON; raises the SDK's `APIStatusError` subclasses for error statuses,
         `APITimeoutError`, `APIConnectionError`, and `json.JSONDecodeError` for a broken body."""
         if self._session is None:
-            # limit=0: the model's semaphore bounds the requests in flight, not the pool.
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0))
+            # limit=0: the model's semaphore bounds the requests in flight, not the pool. The
+            # headers are the session's: given to each request, aiohttp would merge them anew.
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0)
+            )
         try:
-            async with self._session.post(self._url, json=body, headers=self._headers, proxy=self._proxy) as response:
+            async with self._session.post(self._url, json=body, proxy=self._proxy) as response:
                 content = await response.read()
                 status = response.status
         except asyncio.TimeoutError:

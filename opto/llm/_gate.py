@@ -29,7 +29,20 @@ class SharedSemaphore:
         self._lock = threading.Lock()
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits (no coroutine: the usual case)."""
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return True
+        return False
+
     async def acquire(self) -> None:
+        if not self.try_acquire():
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Queue for a slot (or take one freed since `try_acquire` looked)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._free > 0 and not self._waiters:

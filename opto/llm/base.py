@@ -9,11 +9,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from .._context import close_records, open_records
 from ..errors import OptoValueError
 from .cache import ResponseCache, request_key
 from .prices import known_price
 from .sampling import current_sampling
-from .tracing import record_call, recorded_by_opto
+from .tracing import record_call
 from .types import Completion, Message, TokenUsage, ToolCall, valid_unicode, validate_messages
 from .usage import (
     Budget,
@@ -122,7 +123,8 @@ class Model(ABC):
             raise OptoValueError(f"n must be a positive int, got {n!r}")
         if max_tokens is not None and max_tokens < 1:
             raise OptoValueError(f"max_tokens must be positive, got {max_tokens!r}")
-        optional = _tool_options(tools, tool_choice)  # sent, and in the cache key, only when given
+        # Sent, and in the cache key, only when given.
+        optional = {} if tools is None and tool_choice is None else _tool_options(tools, tool_choice)
         if stop is not None:
             if not isinstance(stop, list) or not 1 <= len(stop) <= 4 or not all(isinstance(x, str) and x for x in stop):
                 raise OptoValueError(f"stop must be a list of 1 to 4 non-empty strings, got {stop!r}")
@@ -200,17 +202,20 @@ class Model(ABC):
             prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
             prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
             reservations = await areserve_all(budgets, prompt_estimate, self.price)
+        marked = open_records(by_opto=True)  # any backend: an OpenTelemetry span opened inside is not counted again
         try:
-            with recorded_by_opto():  # any backend: an OpenTelemetry span opened inside is not counted again
-                fresh = await self._generate(messages, **kwargs)
+            fresh = await self._generate(messages, **kwargs)
         except BaseException:
             settle_all(budgets, reservations, None, self.price)  # not awaited: this may be a cancellation
             raise
+        finally:
+            close_records(marked)
         for budget, reservation in zip(budgets, reservations):
             await budget.asettle(reservation, fresh.usage, self.price)
         texts = fresh.texts  # fixed in place: assigning a new list to the pydantic model would validate it
         for i, text in enumerate(texts):
-            texts[i] = valid_unicode(text)
+            if not text.isascii():  # most replies: no surrogate possible
+                texts[i] = valid_unicode(text)
         cost = cost_of(fresh.usage, self.price)
         with self._usage_lock:
             self._usage.count(fresh.usage, cost)

@@ -22,7 +22,7 @@ from .ratelimit import RateLimiter
 from .redaction import redact
 from .reported import reported_tokens
 from .retry import backoff_delay, retry_after_delay, retry_after_seconds
-from .types import Completion, Message, TokenUsage, tool_calls_of
+from .types import Completion, Message, TokenUsage, ToolCall, tool_calls_of
 from .usage import estimate_tokens
 
 __all__ = ["Poster", "RemoteChatModel"]
@@ -193,6 +193,7 @@ class RemoteChatModel(Model):
 
     async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
         client = self._posters.get() or await self._posters.start()
+        gate = self._gate
         limited = self._limits.limited
         estimate = _prompt_estimate(params["messages"]) if limited else 0  # for the token limit
         last_error: BaseException | None = None
@@ -207,11 +208,15 @@ class RemoteChatModel(Model):
                 _downgrade_format(params, self._rejected_formats)
             delay: float | None = None
             try:
-                async with self._gate:
+                if not gate.try_acquire():  # a free slot is taken without a coroutine
+                    await gate.acquire()
+                try:
                     # Inside the slot, so the rate limits count requests when they are sent.
                     if limited:
                         handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
                     reply = await client.post(params)
+                finally:
+                    gate.release()
                 completion = self._to_completion(reply, params["messages"])
                 if handle is not None:
                     self._limits.record_actual(handle, completion.usage.total_tokens)
@@ -271,22 +276,32 @@ class RemoteChatModel(Model):
 
     def _to_completion(self, body: Any, messages: list[Message]) -> Completion:
         """The reply as a `Completion`; a prompt token count it does not give is estimated
-        from `messages`."""
+        from `messages`. One pass over the choices: this runs for every call."""
         choices = body.get("choices") if isinstance(body, dict) else None
-        if not choices or not all(isinstance(c, dict) for c in choices):
+        if not choices or not isinstance(choices, list):
             raise _MalformedReply(f"reply has no choices: {str(body)[:200]}")
-        texts = [(choice.get("message") or {}).get("content") or "" for choice in choices]
-        calls = [tool_calls_of(choice.get("message") or {}) for choice in choices]
-        reasons = [choice.get("finish_reason") for choice in choices]
-        sampled = [_token_logprobs(choice) for choice in choices]
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        source = f"{self.name}'s replies"
-        prompt_tokens = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
-        completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
+        texts: list[str] = []
+        reasons: list[Any] = []
+        calls: list[list[ToolCall]] = []
+        sampled: list[list[dict[str, Any]]] = []
+        for choice in choices:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if message is None:
+                message = {}
+            elif not isinstance(message, dict):
+                raise _MalformedReply(f"reply has a choice that is not a message: {str(choice)[:200]}")
+            texts.append(message.get("content") or "")
+            reasons.append(choice.get("finish_reason"))
+            calls.append(tool_calls_of(message) if message.get("tool_calls") else [])
+            sampled.append(_token_logprobs(choice) if choice.get("logprobs") else [])
+        usage = body.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
+        prompt_tokens = _token_count(usage, "prompt_tokens", self.name)
+        completion = _token_count(usage, "completion_tokens", self.name)
         if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
             prompt_tokens = _prompt_estimate(messages)
-        # Both counts are whole numbers >= 0 already (read by `reported_tokens`, or estimated).
-        tokens = TokenUsage.model_construct(
+        tokens = TokenUsage(
             prompt_tokens=prompt_tokens,
             completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion,
         )
@@ -317,6 +332,15 @@ def _shut_down(loop: BackgroundLoop, posters: PerLoop[Poster]) -> None:
         posters.close_on(loop.loop, timeout=10)
     posters.drop_all()
     loop.stop()
+
+
+def _token_count(usage: dict[str, Any], field: str, model: str) -> int | None:
+    """`usage[field]` as a count: a whole number >= 0 as is, anything else through
+    `reported_tokens` (which ignores it, and warns)."""
+    value = usage.get(field)
+    if type(value) is int and value >= 0:  # nearly every reply: no call, no message made
+        return value
+    return reported_tokens(value, field=field, source=f"{model}'s replies")
 
 
 def _prompt_estimate(messages: list[Message]) -> int:

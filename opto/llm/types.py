@@ -118,23 +118,33 @@ def validate_messages(messages: Any) -> list[Message]:
         raise OptoValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     checked: list[Message] = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message:
-            raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
-        if message["role"] not in _ROLES:
-            raise OptoValueError(f"messages[{index}] has unknown role {message['role']!r}; use one of {sorted(_ROLES)}")
-        calls_tools = message["role"] == "assistant" and bool(message.get("tool_calls"))
-        if "content" not in message and not calls_tools:
-            raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
-        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise OptoValueError(
-                f"messages[{index}] is a tool message without the 'tool_call_id' of the call it "
-                "answers; make it with opto.llm.tool_result(call, result)"
-            )
+        if type(message) is not dict or message.get("role") not in _PLAIN_ROLES or "content" not in message:
+            _check_message(index, message)  # raises, unless a tool call, a tool's result or a dict subclass
         copy = dict(message)
-        if isinstance(copy.get("content"), str):
-            copy["content"] = valid_unicode(copy["content"])
+        content = copy.get("content")
+        if isinstance(content, str) and not content.isascii():
+            copy["content"] = valid_unicode(content)
         checked.append(copy)
     return checked
+
+
+_PLAIN_ROLES = frozenset({"system", "user", "assistant", "developer"})  # no more than content to check
+
+
+def _check_message(index: int, message: Any) -> None:
+    """Raise what is wrong with `messages[index]`, if anything."""
+    if not isinstance(message, dict) or "role" not in message:
+        raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
+    if message["role"] not in _ROLES:
+        raise OptoValueError(f"messages[{index}] has unknown role {message['role']!r}; use one of {sorted(_ROLES)}")
+    calls_tools = message["role"] == "assistant" and bool(message.get("tool_calls"))
+    if "content" not in message and not calls_tools:
+        raise OptoValueError(f"messages[{index}] must be a dict with 'role' and 'content' keys, got {message!r}")
+    if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise OptoValueError(
+            f"messages[{index}] is a tool message without the 'tool_call_id' of the call it "
+            "answers; make it with opto.llm.tool_result(call, result)"
+        )
 
 
 def tool_calls_of(message: Any) -> list[ToolCall]:

@@ -8,7 +8,7 @@ import functools
 import inspect
 import json
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,17 @@ class Agent:
             raise OptoKeyError(f"{path}: {exc.args[0]}") from None
         except ParameterError as exc:
             raise ParameterError(f"{path}: {exc}; nothing was changed") from None
+
+
+def run_agent(agent: Agent, x: Any) -> Awaitable[Any]:
+    """What `agent.arun(x)` does, as an awaitable: for an async `forward` (and `arun` not
+    overridden), `forward`'s own coroutine, so a rollout in flight holds one coroutine fewer."""
+    if type(agent).arun is Agent.arun:
+        several, is_async = _forward_shape(agent.forward)
+        if is_async:
+            args, kwargs = _spread(x, several)
+            return agent.forward(*args, **kwargs)
+    return agent.arun(x)
 
 
 def _spread(x: Any, several: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:

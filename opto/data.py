@@ -160,8 +160,8 @@ def _to_example(row: Any, where: str, index: int) -> Example:
         if "x" not in row:
             hint = " (rename 'input' to 'x')" if "input" in row else ""
             raise DatasetError(f"{where} has no 'x' key{hint}; each row needs its input under 'x'")
-        extra = row.keys() - _ROW_KEYS
-        if extra:
+        if not row.keys() <= _ROW_KEYS:
+            extra = row.keys() - _ROW_KEYS
             raise DatasetError(
                 f"{where} has unexpected keys {sorted(map(str, extra))}; a row has only 'x', 'info' and 'id' "
                 "(put extra data inside 'info')"

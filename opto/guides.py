@@ -146,6 +146,8 @@ _QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2
 def _normalize(text: str) -> str:
     """Lower-case, collapse whitespace, strip surrounding quotes and a trailing period."""
     text = " ".join(text.lower().split())
+    if not text or (text[-1] != "." and text[0] not in _QUOTE_PAIRS):  # most answers: nothing to strip
+        return text
     while True:
         before = text
         if text.endswith("."):

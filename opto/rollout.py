@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ._async import gather_all
 from ._context import close_records, open_records
 from ._io import json_key
-from .agent import Agent
+from .agent import Agent, run_agent
 from .data import Example
 from .errors import OptoValueError
 from .guides import Guide
@@ -126,9 +126,8 @@ async def _run_one(
     digest: Callable[[], str],
 ) -> Rollout:
     """`run_rollout` under the values assigned around it, their digest given by `digest`."""
-    base = {"example_id": example.id or "", "x": example.x, "info": example.info}
     started = time.perf_counter()
-    base["values_hash"] = digest()  # before tracking: the digest is not the agent's read
+    values_hash = digest()  # before tracking: the digest is not the agent's read
     trace: list[LLMCall] = []
     reads: set[str] = set()
     meter = UsageMeter()
@@ -149,7 +148,10 @@ async def _run_one(
             raise BudgetExceeded(budget.overrun)
     tokens, cost = meter.tokens_and_cost()
     return Rollout(
-        **base,
+        example_id=example.id or "",
+        x=example.x,
+        info=example.info,
+        values_hash=values_hash,
         **fields,
         trace=trace,  # validation copies it: a task the agent left running cannot add to it
         parameters_read=sorted(reads),
@@ -183,7 +185,7 @@ class _BatchDigest:
         self._known: dict[tuple[int, ...], str] = {}
 
     def __call__(self) -> str:
-        versions = tuple(p._version for p in self._parameters)
+        versions = tuple([p._version for p in self._parameters])
         found = self._known.get(versions)
         if found is None:
             found = self._known[versions] = values_digest(self._agent)
@@ -193,7 +195,7 @@ class _BatchDigest:
 async def _agent_then_guide(agent: Agent, guide: Guide, example: Example, min_score: float | None) -> dict[str, Any]:
     """The rollout's fields after running the agent, then the guide on its output."""
     try:
-        output = await agent.arun(example.x)
+        output = await run_agent(agent, example.x)
     except BudgetExceeded:
         raise
     except Exception as exc:  # the agent's failure is data for the trainer

@@ -67,7 +67,7 @@ class ChatPoster:
             headers = list(response.headers.items())
             error = httpx2.Response(status, headers=headers, content=content, request=self._request())
             raise self.client._make_status_error_from_response(error)
-        return json.loads(content)
+        return _json_of(content)
 
     def _request(self) -> httpx2.Request:
         return httpx2.Request("POST", self._url)
@@ -77,6 +77,16 @@ class ChatPoster:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+def _json_of(content: bytes) -> Any:
+    """The reply's JSON. Decoded as UTF-8 first (what JSON over HTTP is), so `json.loads`
+    need not detect the encoding on every reply; another encoding is detected."""
+    try:
+        text = content.decode()
+    except UnicodeDecodeError:
+        return json.loads(content)
+    return json.loads(text[1:] if text.startswith("\ufeff") else text)  # a UTF-8 byte order mark
 
 
 def _env_proxy(url: str) -> str | None:

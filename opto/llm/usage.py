@@ -294,9 +294,12 @@ class UsageMeter:
 
     def tokens_and_cost(self) -> tuple[int, float]:
         """Paid tokens and their cost over every model (`total`'s, without building it)."""
+        tokens, cost = 0, 0.0
         with self._lock:
-            tallies = list(self._tallies.values())
-        return sum(t.prompt_tokens + t.completion_tokens for t in tallies), sum(t.cost_usd for t in tallies)
+            for tally in self._tallies.values():
+                tokens += tally.prompt_tokens + tally.completion_tokens
+                cost += tally.cost_usd
+        return tokens, cost
 
 
 def meter_usage() -> Scope[UsageMeter]:

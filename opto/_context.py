@@ -15,6 +15,7 @@ model call) skip even that object: `open_records` and `close_records` around a `
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -45,8 +46,7 @@ _OUTSIDE_ANY_SCOPE = Records(None, None, (), False)  # never changed: a scope ma
 _RECORDS: contextvars.ContextVar[Records] = contextvars.ContextVar("opto_records", default=_OUTSIDE_ANY_SCOPE)
 
 
-def current_records() -> Records:
-    return _RECORDS.get()
+current_records: Callable[[], Records] = _RECORDS.get  # the records the current code runs under
 
 
 def open_records(

@@ -139,7 +139,7 @@ class Model(ABC):
             **optional,  # absent unless given, so the keys of earlier cached requests still match
         }
         if self.cache is None:  # nothing to look up or store: the backend's completion is the answer
-            return self._finish(await self._paid_generate(messages, n=n, **settings), messages, tools, max_tokens)
+            return self._finish(await self._paid_generate(messages, n, settings), messages, tools, max_tokens)
         request = {"model": self.name, "messages": messages, "n": n, **settings}  # keys sorted in the cache key
         keys = [request_key(request, i) for i in range(n)]
         texts: list[str | None] = [None] * n
@@ -154,7 +154,7 @@ class Model(ABC):
         usage = TokenUsage()
         model_name = self.name
         if missing:
-            fresh = await self._paid_generate(messages, n=len(missing), **settings)
+            fresh = await self._paid_generate(messages, len(missing), settings)
             usage, model_name = fresh.usage, fresh.model or self.name
             for j, (i, text) in enumerate(zip(missing, fresh.texts)):
                 texts[i], reasons[i] = text, fresh.finish_reason
@@ -182,29 +182,33 @@ class Model(ABC):
         """The completion as `complete` returns it (tool calls named in its finish reason,
         no per-sample lists without content), recorded in the run's trace."""
         # Only what changes is assigned: each assignment to a pydantic model has a cost.
-        if completion.sample_tool_calls and not any(completion.sample_tool_calls):
-            completion.sample_tool_calls = []
-        if not completion.finish_reason or (completion.finish_reason == "stop" and completion.sample_tool_calls):
-            completion.finish_reason = "tool_calls" if completion.sample_tool_calls else "stop"
+        calls = completion.sample_tool_calls
+        if calls and not any(calls):
+            completion.sample_tool_calls = calls = []
+        reason = completion.finish_reason
+        if not reason or (reason == "stop" and calls):
+            completion.finish_reason = reason = "tool_calls" if calls else "stop"
         if completion.sample_logprobs and not any(completion.sample_logprobs):
             completion.sample_logprobs = []
         if not completion.model:
             completion.model = self.name
-        if completion.truncated:
+        if reason == "length":
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
         record_call(self.name, messages, completion, tools=tools)
         return completion
 
-    async def _paid_generate(self, messages: list[Message], **kwargs: Any) -> Completion:
+    async def _paid_generate(self, messages: list[Message], n: int, settings: dict[str, Any]) -> Completion:
+        """One backend call for `n` samples with `settings` (`_generate`'s keywords), within
+        the budgets, counted in the model's usage and the run's meters."""
         budgets = budgets_for(self.budget)  # the model's own and the run's (train(budget=...))
         reservations: list[tuple[int, float]] = []
         if budgets:
             prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
-            prompt_estimate += estimate_tokens(json.dumps(kwargs.get("tools") or ""))
+            prompt_estimate += estimate_tokens(json.dumps(settings.get("tools") or ""))
             reservations = await areserve_all(budgets, prompt_estimate, self.price)
         marked = open_records(by_opto=True)  # any backend: an OpenTelemetry span opened inside is not counted again
         try:
-            fresh = await self._generate(messages, **kwargs)
+            fresh = await self._generate(messages, n=n, **settings)
         except BaseException:
             settle_all(budgets, reservations, None, self.price)  # not awaited: this may be a cancellation
             raise

@@ -62,6 +62,7 @@ class RateLimiter:
                 raise OptoValueError(f"{label} must be >= 1 or None, got {value}")
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
+        self.limited = bool(requests_per_minute or tokens_per_minute)  # whether a request may have to wait
         # Set while a coordinator holds these limits for several processes.
         self._link: Link | None = None
         self._key: str | None = None
@@ -72,10 +73,6 @@ class RateLimiter:
             burst = max(1.0, requests_per_minute / 120.0)
             self._requests = AsyncLimiter(burst, burst * _WINDOW / requests_per_minute)
         self._tokens = _TokenWindow(tokens_per_minute) if tokens_per_minute else None
-
-    @property
-    def limited(self) -> bool:
-        return bool(self.requests_per_minute or self.tokens_per_minute)
 
     async def acquire(self, estimated_tokens: int) -> Any:
         """Wait for a free slot; returns a handle for `record_actual`."""

@@ -148,6 +148,8 @@ def _trace_rows(dataset: dict[str, Any]) -> list[tuple[str, Any]]:
 def _to_example(row: Any, where: str, index: int) -> Example:
     """One row as an Example with an id (its index when it has none)."""
     if isinstance(row, Example):
+        if row.id is not None and row.x is not None and type(row) is Example:
+            return row  # frozen and complete: the same example serves
         x, info, id_ = row.x, row.info, row.id
     elif isinstance(row, (tuple, list)):
         if len(row) != 2:

@@ -146,19 +146,13 @@ async def _run_one(
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
-    tokens, cost = meter.tokens_and_cost()
-    return Rollout(
-        example_id=example.id or "",
-        x=example.x,
-        info=example.info,
-        values_hash=values_hash,
-        **fields,
-        trace=trace,  # validation copies it: a task the agent left running cannot add to it
-        parameters_read=sorted(reads),
-        tokens=tokens,
-        cost_usd=cost,
-        seconds=round(time.perf_counter() - started, 6),
-    )
+    fields["tokens"], fields["cost_usd"] = meter.tokens_and_cost()
+    fields["example_id"] = example.id or ""
+    fields["x"], fields["info"], fields["values_hash"] = example.x, example.info, values_hash
+    fields["trace"] = trace  # validation copies it: a task the agent left running cannot add to it
+    fields["parameters_read"] = sorted(reads)
+    fields["seconds"] = round(time.perf_counter() - started, 6)
+    return Rollout.model_validate(fields)  # from a dict: cheaper than keywords to Rollout()
 
 
 def timeout_fields(timeout: float | None, min_score: float | None) -> dict[str, Any]:

@@ -51,7 +51,12 @@ def record_call(
     calls = current_records().trace
     if calls is not None:
         texts = completion.texts
-        call: LLMCall = {"model": model, "messages": messages, "response": texts[0] if texts else "", "cached": completion.cached}
+        call: LLMCall = {
+            "model": model,
+            "messages": messages,
+            "response": texts[0] if texts else "",
+            "cached": completion.cached,
+        }
         if completion.sample_tool_calls and completion.tool_calls:
             call["tool_calls"] = [c.model_dump() for c in completion.tool_calls]
         if tools:

@@ -285,11 +285,9 @@ class RemoteChatModel(Model):
         calls: list[list[ToolCall]] = []
         sampled: list[list[dict[str, Any]]] = []
         for choice in choices:
-            message = choice.get("message") if isinstance(choice, dict) else None
-            if message is None:
-                message = {}
-            elif not isinstance(message, dict):
-                raise _MalformedReply(f"reply has a choice that is not a message: {str(choice)[:200]}")
+            message = choice.get("message") or {} if isinstance(choice, dict) else None
+            if not isinstance(message, dict):
+                raise _MalformedReply(f"reply has a choice without a message object: {str(choice)[:200]}")
             texts.append(message.get("content") or "")
             reasons.append(choice.get("finish_reason"))
             calls.append(tool_calls_of(message) if message.get("tool_calls") else [])

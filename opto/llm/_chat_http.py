@@ -56,9 +56,14 @@ class ChatPoster:
                 headers=self._headers, timeout=self._timeout, connector=aiohttp.TCPConnector(limit=0)
             )
         try:
-            async with self._session.post(self._url, json=body, proxy=self._proxy) as response:
+            # Awaited, not `async with`: aiohttp's context manager adds a coroutine that lives
+            # as long as the request, and three more to leave it.
+            response = await self._session.post(self._url, json=body, proxy=self._proxy)
+            try:
                 content = await response.read()
                 status = response.status
+            finally:
+                response.release()  # the connection goes back to the pool
         except asyncio.TimeoutError:
             raise openai.APITimeoutError(request=self._request()) from None
         except aiohttp.ClientError as exc:

@@ -22,7 +22,7 @@ from .ratelimit import RateLimiter
 from .redaction import redact
 from .reported import reported_tokens
 from .retry import backoff_delay, retry_after_delay, retry_after_seconds
-from .types import Completion, Message, TokenUsage, ToolCall, tool_calls_of
+from .types import Completion, Message, ToolCall, tool_calls_of
 from .usage import estimate_tokens
 
 __all__ = ["Poster", "RemoteChatModel"]
@@ -299,17 +299,17 @@ class RemoteChatModel(Model):
         completion = _token_count(usage, "completion_tokens", self.name)
         if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
             prompt_tokens = _prompt_estimate(messages)
-        tokens = TokenUsage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=sum(map(estimate_tokens, texts)) if completion is None else completion,
-        )
-        return Completion(
-            texts=texts,
-            finish_reason="length" if "length" in reasons else (reasons[0] or "stop"),
-            usage=tokens,
-            model=body.get("model") or self.name,
-            sample_tool_calls=calls if any(calls) else [],
-            sample_logprobs=sampled if any(sampled) else [],
+        if completion is None:
+            completion = sum(map(estimate_tokens, texts))
+        return Completion.model_validate(  # from a dict, the usage too: cheaper than keywords
+            {
+                "texts": texts,
+                "finish_reason": "length" if "length" in reasons else (reasons[0] or "stop"),
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion},
+                "model": body.get("model") or self.name,
+                "sample_tool_calls": calls if any(calls) else [],
+                "sample_logprobs": sampled if any(sampled) else [],
+            }
         )
 
     async def aclose(self) -> None:

@@ -285,7 +285,7 @@ class RemoteChatModel(Model):
         calls: list[list[ToolCall]] = []
         sampled: list[list[dict[str, Any]]] = []
         for choice in choices:
-            message = choice.get("message") or {} if isinstance(choice, dict) else None
+            message = (choice.get("message") or {}) if isinstance(choice, dict) else None
             if not isinstance(message, dict):
                 raise _MalformedReply(f"reply has a choice without a message object: {str(choice)[:200]}")
             texts.append(message.get("content") or "")
@@ -301,7 +301,7 @@ class RemoteChatModel(Model):
             prompt_tokens = _prompt_estimate(messages)
         if completion is None:
             completion = sum(map(estimate_tokens, texts))
-        return Completion.model_validate(  # from a dict, the usage too: cheaper than keywords
+        return Completion.__pydantic_validator__.validate_python(  # from a dict, the usage too: cheaper than keywords
             {
                 "texts": texts,
                 "finish_reason": "length" if "length" in reasons else (reasons[0] or "stop"),

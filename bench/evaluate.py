@@ -34,6 +34,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -109,19 +110,24 @@ def _data(n: int) -> list[dict[str, Any]]:
 KINDS = ("aiohttp", "sdk", "opto")  # the floor first: the others are measured against it
 
 
+def client_runs(kind: str, base_url: str, concurrency: int) -> tuple[Callable[[int], Any], OpenAIModel | None]:
+    """A function making `n` calls through client `kind`, each batch in its own event loop,
+    and the model to close when done (opto's; None for the others)."""
+    if kind == "aiohttp":
+        return lambda n: asyncio.run(_aiohttp_calls(base_url, n, concurrency)), None
+    if kind == "sdk":
+        return lambda n: asyncio.run(_sdk_calls(base_url, n, concurrency)), None
+    model = OpenAIModel("bench-model", base_url=base_url, api_key=API_KEY, max_concurrency=concurrency)
+    agent = OneCall(model)
+    return lambda n: asyncio.run(
+        aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=concurrency, max_failures=None)
+    ), model
+
+
 def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str, float]:
     """Wall time and CPU of `calls` calls (after a warm-up of `concurrency` calls, and a
     full garbage collection, so no run pays for the garbage of the one before)."""
-    if kind == "aiohttp":
-        run = lambda n: asyncio.run(_aiohttp_calls(base_url, n, concurrency))  # noqa: E731
-    elif kind == "sdk":
-        run = lambda n: asyncio.run(_sdk_calls(base_url, n, concurrency))  # noqa: E731
-    else:
-        model = OpenAIModel("bench-model", base_url=base_url, api_key=API_KEY, max_concurrency=concurrency)
-        agent = OneCall(model)
-        run = lambda n: asyncio.run(  # noqa: E731
-            aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=concurrency, max_failures=None)
-        )
+    run, model = client_runs(kind, base_url, concurrency)
     run(concurrency)  # warm-up: lazy imports done
     gc.collect()
     full_before = gc.get_stats()[2]["collections"]
@@ -129,7 +135,7 @@ def measure(kind: str, base_url: str, calls: int, concurrency: int) -> dict[str,
     run(calls)
     wall, cpu = time.perf_counter() - wall, _cpu() - cpu
     full = gc.get_stats()[2]["collections"] - full_before
-    if kind == "opto":
+    if model is not None:
         model.close()
     return {"wall": wall, "cpu_ms": cpu / calls * 1000, "full_gc": full}
 
@@ -142,9 +148,7 @@ def part_one(calls: int, concurrencies: list[int], latency: float, repeat: int) 
         server.set_latency(latency)
         for concurrency in concurrencies:
             ideal = -(-calls // concurrency) * latency
-            rounds = [
-                {kind: measure(kind, server.base_url, calls, concurrency) for kind in KINDS} for _ in range(repeat)
-            ]
+            rounds = [{kind: measure(kind, server.base_url, calls, concurrency) for kind in KINDS} for _ in range(repeat)]
             for kind in KINDS:
                 found = {
                     "cpu_ms": _median(r[kind]["cpu_ms"] for r in rounds),
@@ -205,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{platform.machine()} {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}, "
           f"openai {openai.__version__}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
     print(f"\nPart 1: {args.calls} one-call rollouts, server latency {args.latency * 1000:.0f} ms (own process)")
-    print(
-        "| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor | each round | full GCs |"
-    )
+    print("| concurrency | client | wall s | ideal s | wall / floor | CPU ms per call | CPU / floor | each round | full GCs |")
     print("|---:|---|---:|---:|---:|---:|---:|---|---:|")
     for row in part_one(args.calls, args.concurrency, args.latency, args.repeat):
         each = " ".join(f"{x:.2f}" for x in row["cpu_x_range"])

@@ -18,7 +18,6 @@ instruction ratio. Needs valgrind (`apt-get install valgrind`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import os
 import re
@@ -27,10 +26,8 @@ import subprocess
 import sys
 import tempfile
 
-from evaluate import API_KEY, OneCall, _aiohttp_calls, _data
+from evaluate import client_runs
 from fake_server_process import fake_server
-
-from opto import ExactMatchGuide, OpenAIModel, aevaluate
 
 KINDS = ("aiohttp", "opto")
 CONCURRENCY = 64
@@ -40,22 +37,14 @@ def _child(kind: str, calls: int) -> None:
     """Under valgrind: warm up, then count only the measured run."""
     with fake_server(True) as server:
         server.set_latency(0.05)
-        if kind == "opto":
-            model = OpenAIModel("bench-model", base_url=server.base_url, api_key=API_KEY, max_concurrency=CONCURRENCY)
-            agent = OneCall(model)
-
-            def run(n: int) -> None:
-                asyncio.run(aevaluate(agent, ExactMatchGuide(), _data(n), concurrency=CONCURRENCY, max_failures=None))
-        else:
-
-            def run(n: int) -> None:
-                asyncio.run(_aiohttp_calls(server.base_url, n, CONCURRENCY))
-
+        run, model = client_runs(kind, server.base_url, CONCURRENCY)
         run(CONCURRENCY)  # lazy imports and the connection pool, not counted
         gc.collect()
         subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True, check=False)
         run(calls)
         subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True, check=False)
+        if model is not None:
+            model.close()
 
 
 def count(kind: str, calls: int) -> int:

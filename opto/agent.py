@@ -118,12 +118,7 @@ class Agent:
         The thread inherits the current context, so it sees assigned values and
         records its model calls in the current trace.
         """
-        several, is_async = _forward_shape(self.forward)
-        args, kwargs = _spread(x, several)
-        if is_async:
-            return await self.forward(*args, **kwargs)
-        result = await asyncio.to_thread(self.forward, *args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await _run_forward(self, x)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
@@ -154,14 +149,23 @@ class Agent:
 
 
 def run_agent(agent: Agent, x: Any) -> Awaitable[Any]:
-    """What `agent.arun(x)` does, as an awaitable: for an async `forward` (and `arun` not
-    overridden), `forward`'s own coroutine, so a rollout in flight holds one coroutine fewer."""
-    if type(agent).arun is Agent.arun:
-        several, is_async = _forward_shape(agent.forward)
-        if is_async:
-            args, kwargs = _spread(x, several)
-            return agent.forward(*args, **kwargs)
-    return agent.arun(x)
+    """What awaiting `agent.arun(x)` gives. Unless `arun` is overridden, this is `forward`'s
+    own awaitable, without `arun`'s coroutine around it: a rollout in flight holds one fewer."""
+    return _run_forward(agent, x) if type(agent).arun is Agent.arun else agent.arun(x)
+
+
+def _run_forward(agent: Agent, x: Any) -> Awaitable[Any]:
+    """`forward` on `x`: an async one's coroutine, a sync one in a worker thread."""
+    several, is_async = _forward_shape(agent.forward)
+    args, kwargs = _spread(x, several)
+    if is_async:
+        return agent.forward(*args, **kwargs)
+    return _in_thread(agent.forward, args, kwargs)
+
+
+async def _in_thread(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = await asyncio.to_thread(forward, *args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
 
 
 def _spread(x: Any, several: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -177,16 +177,9 @@ async def test_retries_exhausted_raise_unavailable_with_attempts(server, make_mo
     assert model.usage.calls == 0
 
 
-@pytest.mark.parametrize(
-    ("status", "cause"),
-    [
-        (400, BadRequestError),
-        (401, AuthenticationError),
-        (403, AuthenticationError),
-        (404, ModelNotFoundError),
-        (422, BadRequestError),
-    ],
-)
+@pytest.mark.parametrize(("status", "cause"), [(400, BadRequestError), (401, AuthenticationError),
+                                               (403, AuthenticationError), (404, ModelNotFoundError),
+                                               (422, BadRequestError)])
 async def test_client_errors_are_not_retried(server, make_model, backoff_calls, status, cause) -> None:
     server.fail_next(1, status=status)
 
@@ -263,17 +256,9 @@ async def test_reply_without_choices_is_retried(server, make_model) -> None:
     assert len(server.chat_requests) == 2
 
 
-@pytest.mark.parametrize(
-    "choice", [1, {"message": "text, not an object"}], ids=["not an object", "message not an object"]
-)
+@pytest.mark.parametrize("choice", [1, {"message": "text, not an object"}], ids=["not an object", "message not an object"])
 async def test_reply_with_a_broken_choice_is_retried_as_malformed(server, make_model, choice) -> None:
-    broken = {
-        "id": "chatcmpl-broken",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-test",
-        "choices": [choice],
-    }
+    broken = {"id": "chatcmpl-broken", "object": "chat.completion", "created": 0, "model": "gpt-test", "choices": [choice]}
     server.fail_next(2, status=200, body=broken)
 
     with pytest.raises(ServerError, match="gave up after 2 attempts") as info:
@@ -601,9 +586,7 @@ async def test_a_model_collected_while_its_loop_runs_closes_its_connections_ther
     assert not [w for w in recwarn if "nclosed" in str(w.message) and session in str(w.message)]
 
 
-def test_a_rate_limited_model_that_is_never_closed_closes_its_private_loop_when_collected(
-    server, posters, recwarn
-) -> None:
+def test_a_rate_limited_model_that_is_never_closed_closes_its_private_loop_when_collected(server, posters, recwarn) -> None:
     import gc
 
     model = OpenAIModel("gpt-test", base_url=server.base_url, api_key=KEY, requests_per_minute=600)
@@ -693,7 +676,8 @@ def test_request_timeout_and_conflict_statuses_are_retried():
 
 async def test_a_rate_limited_server_loses_no_request() -> None:
     with FakeOpenAIServer(rate_limit_rps=20) as limited:
-        model = OpenAIModel("gpt-test", base_url=limited.base_url, api_key=KEY, max_retries=1, rate_limit_patience=30)
+        model = OpenAIModel("gpt-test", base_url=limited.base_url, api_key=KEY, max_retries=1,
+                            rate_limit_patience=30)
         try:
             completions = await asyncio.gather(*(model.complete(MSG) for _ in range(40)))
         finally:
@@ -734,9 +718,8 @@ def test_the_fake_server_enforces_its_rate_limit() -> None:
 
 
 @pytest.mark.parametrize("status", [401, 400, 500])
-async def test_a_key_echoed_in_an_error_is_redacted_everywhere(
-    server, make_model, backoff_calls, caplog, status
-) -> None:
+async def test_a_key_echoed_in_an_error_is_redacted_everywhere(server, make_model, backoff_calls, caplog,
+                                                               status) -> None:
     echo = {"error": {"message": f"Invalid API key provided: Bearer {KEY}. Check it.", "type": "auth"}}
     server.fail_next(3, status=status, body=echo)
     caplog.set_level(logging.DEBUG)
@@ -776,9 +759,8 @@ def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
         failing.fail_next(1, status=401, body=echo)
         model = OpenAIModel("gpt-test", base_url=failing.base_url, api_key=KEY, max_retries=1)
         try:
-            AggregatedUpdate(qa, Optimizer(model), proposals="per_instance", validation="minibatch").train(
-                ExactMatchGuide(), [("2+2", "5"), ("1+1", "3")], run_dir=tmp_path, progress=False
-            )
+            AggregatedUpdate(qa, Optimizer(model), proposals="per_instance", validation="minibatch").train(ExactMatchGuide(), [("2+2", "5"), ("1+1", "3")],
+                                                         run_dir=tmp_path, progress=False)
         finally:
             model.close()
     written = {path.name: path.read_text(encoding="utf-8") for path in tmp_path.rglob("*") if path.is_file()}
@@ -789,14 +771,8 @@ def test_a_training_run_never_writes_the_key(tmp_path, caplog) -> None:
 
 
 async def test_a_used_up_quota_is_not_retried(server, make_model, backoff_calls) -> None:
-    body = {
-        "error": {
-            "message": "You exceeded your current quota.",
-            "type": "insufficient_quota",
-            "code": "insufficient_quota",
-            "param": None,
-        }
-    }
+    body = {"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota",
+                      "code": "insufficient_quota", "param": None}}
     server.fail_next(1, status=429, body=body)
     with pytest.raises(QuotaExceededError, match="exceeded your current quota"):
         await make_model(max_retries=3).complete(MSG)

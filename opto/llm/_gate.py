@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Awaitable, Generator
 from types import TracebackType
 
 __all__ = ["SharedSemaphore"]
@@ -29,8 +30,8 @@ class SharedSemaphore:
         self._lock = threading.Lock()
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits (no coroutine: the usual case)."""
+    def _try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits."""
         with self._lock:
             if self._free > 0 and not self._waiters:
                 self._free -= 1
@@ -38,11 +39,11 @@ class SharedSemaphore:
         return False
 
     async def acquire(self) -> None:
-        if not self.try_acquire():
+        if not self._try_acquire():
             await self._wait()
 
     async def _wait(self) -> None:
-        """Queue for a slot (or take one freed since `try_acquire` looked)."""
+        """Queue for a slot (or take one freed since `_try_acquire` looked)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._free > 0 and not self._waiters:
@@ -86,10 +87,25 @@ class SharedSemaphore:
         else:
             slot.set_result(None)
 
-    async def __aenter__(self) -> None:
-        await self.acquire()
+    # `async with gate` on every model call: entering with a free slot and leaving make no
+    # coroutine (each would be one more object per request in flight), only a wait does.
+    def __aenter__(self) -> Awaitable[None]:
+        return _DONE if self._try_acquire() else self._wait()
 
-    async def __aexit__(
+    def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    ) -> Awaitable[None]:
         self.release()
+        return _DONE
+
+
+class _Done:
+    """An awaitable that is already done: awaiting it gives None at once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return iter(())  # type: ignore[return-value]  # an empty iterator: finished before it starts
+
+
+_DONE = _Done()

@@ -192,7 +192,7 @@ class Model(ABC):
             completion.sample_logprobs = []
         if not completion.model:
             completion.model = self.name
-        if reason == "length":
+        if completion.truncated:
             logger.info("%s: a reply was cut at max_tokens=%s (finish_reason='length')", self.name, max_tokens)
         record_call(self.name, messages, completion, tools=tools)
         return completion

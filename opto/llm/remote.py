@@ -193,7 +193,6 @@ class RemoteChatModel(Model):
 
     async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
         client = self._posters.get() or await self._posters.start()
-        gate = self._gate
         limited = self._limits.limited
         estimate = _prompt_estimate(params["messages"]) if limited else 0  # for the token limit
         last_error: BaseException | None = None
@@ -208,15 +207,11 @@ class RemoteChatModel(Model):
                 _downgrade_format(params, self._rejected_formats)
             delay: float | None = None
             try:
-                if not gate.try_acquire():  # a free slot is taken without a coroutine
-                    await gate.acquire()
-                try:
+                async with self._gate:
                     # Inside the slot, so the rate limits count requests when they are sent.
                     if limited:
                         handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
                     reply = await client.post(params)
-                finally:
-                    gate.release()
                 completion = self._to_completion(reply, params["messages"])
                 if handle is not None:
                     self._limits.record_actual(handle, completion.usage.total_tokens)
@@ -295,8 +290,9 @@ class RemoteChatModel(Model):
         usage = body.get("usage")
         if not isinstance(usage, dict):
             usage = {}
-        prompt_tokens = _token_count(usage, "prompt_tokens", self.name)
-        completion = _token_count(usage, "completion_tokens", self.name)
+        source = f"{self.name}'s replies"
+        prompt_tokens = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
+        completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
         if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
             prompt_tokens = _prompt_estimate(messages)
         if completion is None:
@@ -330,15 +326,6 @@ def _shut_down(loop: BackgroundLoop, posters: PerLoop[Poster]) -> None:
         posters.close_on(loop.loop, timeout=10)
     posters.drop_all()
     loop.stop()
-
-
-def _token_count(usage: dict[str, Any], field: str, model: str) -> int | None:
-    """`usage[field]` as a count: a whole number >= 0 as is, anything else through
-    `reported_tokens` (which ignores it, and warns)."""
-    value = usage.get(field)
-    if type(value) is int and value >= 0:  # nearly every reply: no call, no message made
-        return value
-    return reported_tokens(value, field=field, source=f"{model}'s replies")
 
 
 def _prompt_estimate(messages: list[Message]) -> int:

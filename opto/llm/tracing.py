@@ -50,20 +50,14 @@ def record_call(
     """Append one call to the current run's trace (nothing happens outside a run)."""
     calls = current_records().trace
     if calls is not None:
-        texts = completion.texts
-        call: LLMCall = {
-            "model": model,
-            "messages": messages,
-            "response": texts[0] if texts else "",
-            "cached": completion.cached,
-        }
-        if completion.sample_tool_calls and completion.tool_calls:
+        call: LLMCall = {"model": model, "messages": messages, "response": completion.text, "cached": completion.cached}
+        if completion.tool_calls:
             call["tool_calls"] = [c.model_dump() for c in completion.tool_calls]
         if tools:
             call["tools"] = tools
-        if completion.finish_reason == "length":  # cut at max_tokens: never a reply to learn from
+        if completion.truncated:  # cut at max_tokens: never a reply to learn from
             call["truncated"] = True
-        if completion.sample_logprobs and completion.logprobs:  # what RL trains on-policy with
+        if completion.logprobs:  # what RL trains on-policy with
             call["logprobs"] = completion.logprobs
         calls.append(call)
 

@@ -137,6 +137,10 @@ class DecisionEvent(_Event):
     p_value: float | None = None
     difference: float | None = None
     difference_interval: tuple[float, float] | None = None
+    # Examples the candidate won and lost against the current values, and the rule's level.
+    wins: int | None = None
+    losses: int | None = None
+    alpha: float | None = None
 
 
 class AppliedEvent(_Event):

@@ -11,9 +11,10 @@ import asyncio
 import inspect
 import math
 import re
+from collections.abc import Sequence
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -23,7 +24,10 @@ from opto.prompting import PromptTemplate
 
 from .errors import OptoTypeError, OptoValueError
 
-__all__ = ["ExactMatchGuide", "Feedback", "Guide", "LLMJudgeGuide", "parse_score"]
+if TYPE_CHECKING:
+    from .data import Example
+
+__all__ = ["ExactMatchGuide", "Feedback", "Guide", "LLMJudgeGuide", "check_examples", "parse_score"]
 
 
 class Feedback(BaseModel):
@@ -67,6 +71,12 @@ class Guide:
         """Judge `output`, the agent's answer to input `x`; `info` is the example's info."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_feedback(x, output, info)")
 
+    def check_example(self, x: Any, info: Any) -> str | None:
+        """What is wrong with an example for this guide (None: nothing). `train()` asks it of
+        every example before the first model call, so a bad row is named up front instead
+        of failing mid-run; override it to say what your guide needs."""
+        return None
+
     async def aget_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         """`get_feedback` as a coroutine: awaited if async, else run in a worker thread."""
         method = self.get_feedback
@@ -77,6 +87,19 @@ class Guide:
             if inspect.isawaitable(result):
                 result = await result
         return _to_feedback(result, type(self).__name__)
+
+
+def check_examples(guide: Guide, examples: Sequence[Example], what: str) -> None:
+    """Refuse, naming the first bad one, an example that `guide.check_example` finds wrong."""
+    check = getattr(guide, "check_example", None)
+    if check is None:  # a duck-typed guide that does not subclass Guide
+        return
+    for index, example in enumerate(examples):
+        problem = check(example.x, example.info)
+        if problem:
+            raise OptoValueError(
+                f"{what}: example {index} (id {example.id!r}) cannot be judged by {type(guide).__name__}: {problem}"
+            )
 
 
 def _to_feedback(result: Any, guide: str) -> Feedback:
@@ -107,6 +130,14 @@ class ExactMatchGuide(Guide):
 
     def __init__(self, normalize: bool = True) -> None:
         self.normalize = normalize
+
+    def check_example(self, x: Any, info: Any) -> str | None:
+        """The expected answer must be there: `info` an answer or a non-empty list of them."""
+        if info is None:
+            return "its info is None, and ExactMatchGuide needs the expected answer there (info=...)"
+        if isinstance(info, (list, tuple, set, frozenset)) and not info:
+            return "its info is an empty list, and ExactMatchGuide needs at least one accepted answer"
+        return None
 
     def get_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         """Compare `output` with the accepted answer(s) in `info`."""

@@ -98,6 +98,13 @@ class Checkpoint(BaseModel):
     # How many ledger records of steps up to `step` are written (None: a checkpoint from
     # before this was kept); resume checks the ledger against it.
     ledger_records: NonNegativeInt | None = None
+    # Failed rollouts (the agent or guide raised): per step's batch, and per test evaluation.
+    train_failed: list[NonNegativeInt] = Field(default_factory=list)
+    test_failed: dict[int, NonNegativeInt] = Field(default_factory=dict)
+    # Rejected candidates that scored above the current values, and the largest such win
+    # (a decision record with its step): what `opto.trainer.diagnosis` explains.
+    rejected_wins: NonNegativeInt = 0
+    best_rejected_win: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Checkpoint:

@@ -61,11 +61,12 @@ def test_resuming_with_other_data_is_refused_before_anything_changes(tmp_path):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
-@pytest.mark.parametrize(("batch_size", "alpha"), [(4, 0.1), (2, None)])
-def test_too_little_data_to_split_accepts_on_the_batch(batch_size, alpha):
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_too_little_data_to_split_accepts_on_the_batch(batch_size):
     trainer, *_ = default_trainer()
     trainer.train(ExactMatchGuide(), DATA[:31], batch_size=batch_size, progress=False)
-    assert isinstance(trainer.validation, MinibatchValidation) and trainer.validation.alpha == alpha
+    # one rule for every batch size: batches too small for the test are judged by a strict win
+    assert isinstance(trainer.validation, MinibatchValidation) and trainer.validation.alpha == 0.1
 
 
 def test_pool_selection_with_too_little_data_says_what_to_pass():

@@ -25,6 +25,7 @@ from opto import (
     Parameter,
     ResponseCache,
     RunDir,
+    TooManyFailures,
     evaluate,
 )
 from opto.llm import LLMError, ScriptedModel
@@ -520,11 +521,18 @@ def test_evaluate_masks_unjudged_scores_and_counts_failures():
             return Feedback(score=float(output == info))
 
     the_agent = LevelAgent(ScriptedModel(agent_reply), level=1, fail_on={3})
-    result = evaluate(the_agent, HalfBlindGuide(), dataset([0, 1, 2, 3]))
+    result = evaluate(the_agent, HalfBlindGuide(), dataset([0, 1, 2, 3]), min_score=None)  # failures left out
     assert result.n == 4 and result.n_failed == 1
     assert result.scores == [1.0, 0.0, None, None]
     assert result.mean == 0.5 and result.std == 0.5
     assert result.outputs[:3] == ["0", "wrong", "wrong"]
+
+
+def test_a_crashed_example_counts_as_zero_by_default():
+    the_agent = LevelAgent(ScriptedModel(agent_reply), level=5, fail_on={3})
+    result = evaluate(the_agent, ExactMatchGuide(), dataset([0, 1, 2, 3, 4]))
+    assert result.n_failed == 1 and result.scores[3] == 0.0
+    assert result.mean == pytest.approx(0.8)  # not 1.0: the crash is not hidden
 
 
 def test_evaluate_with_values_and_min_score():
@@ -706,9 +714,14 @@ class TypoAgent(Agent):
 
 
 def test_a_run_where_every_rollout_fails_stops_with_the_error(tmp_path, caplog):
+    from opto import OptoError
+
     trainer, the_agent, agent_model, brain = make_trainer()
-    with caplog.at_level("WARNING"):
-        result = trainer.train(BoolGuide(), dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path, **TRAIN)
+    with caplog.at_level("WARNING"), pytest.raises(TooManyFailures) as stopped:
+        trainer.train(BoolGuide(), dataset([0, 1, 2, 3]), batch_size=2, run_dir=tmp_path, **TRAIN)
+    assert isinstance(stopped.value, OptoError)
+    assert "resume=True" in str(stopped.value) and str(tmp_path) in str(stopped.value)
+    result = stopped.value.result
     assert result.steps == 0
     assert result.stopped_reason is not None
     assert "2 of 2 rollouts failed in step 1" in result.stopped_reason
@@ -721,17 +734,26 @@ def test_a_run_where_every_rollout_fails_stops_with_the_error(tmp_path, caplog):
 
 def test_an_agent_typo_stops_the_run_and_names_the_error():
     trainer = AggregatedUpdate(TypoAgent(), Optimizer(ScriptedModel(["{}"])), proposals="per_instance", validation="minibatch")
-    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), **TRAIN)
-    assert "AttributeError" in result.stopped_reason and "promt" in result.stopped_reason
+    with pytest.raises(TooManyFailures) as stopped:
+        trainer.train(ExactMatchGuide(), dataset([0, 1]), **TRAIN)
+    assert "AttributeError" in str(stopped.value) and "promt" in str(stopped.value)
+    assert "pass run_dir=" in str(stopped.value)  # how to keep such a run resumable
 
 
 @pytest.mark.parametrize("max_failures, stops", [(1, True), (2, True), (3, False), (0.5, True), (1.0, False),
                                                  (None, False)])
 def test_max_failures_counts_or_fractions(max_failures, stops):
     trainer, the_agent, agent_model, brain = make_trainer(agent_kwargs={"fail_on": {0, 1}})
-    result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2, 3]), batch_size=4, max_failures=max_failures,
-                           **TRAIN)
-    assert (result.stopped_reason is not None) == stops
+    try:
+        result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2, 3]), batch_size=4, max_failures=max_failures,
+                               **TRAIN)
+    except TooManyFailures as stopped:
+        assert stops
+        result = stopped.result
+    else:
+        assert not stops
+        assert result.train_failed == [2]  # counted, and scored 0 in the batch mean
+        assert result.train_scores[0] <= 0.5
     assert result.steps == (0 if stops else 1)
 
 
@@ -756,9 +778,9 @@ def test_evaluate_raises_when_every_example_fails_unless_told_not_to():
 
 def test_a_failing_test_evaluation_stops_training_cleanly(tmp_path):
     trainer, the_agent, agent_model, brain = make_trainer(agent_kwargs={"fail_on": {7, 8}})
-    result = trainer.train(ExactMatchGuide(), dataset([0, 1]), test_dataset=dataset([7, 8]), run_dir=tmp_path,
-                           **TRAIN)
-    assert "failed in the evaluation" in result.stopped_reason and result.steps == 0
+    with pytest.raises(TooManyFailures, match="failed in the evaluation") as stopped:
+        trainer.train(ExactMatchGuide(), dataset([0, 1]), test_dataset=dataset([7, 8]), run_dir=tmp_path, **TRAIN)
+    assert stopped.value.result.steps == 0 and (tmp_path / "checkpoint.json").exists()
 
 
 def test_a_trainable_parameter_the_agent_never_reads_is_warned_about_once(caplog):

@@ -52,6 +52,11 @@ class Decision(BaseModel):
     p_value: float | None = None
     difference: float | None = None
     difference_interval: tuple[float, float] | None = None
+    # The examples the candidate won and lost against the current values (both scored),
+    # and the level the rule tested at: what `opto.trainer.diagnosis` explains a rejection by.
+    wins: int | None = None
+    losses: int | None = None
+    alpha: float | None = None
 
 
 class ValidationContext(BaseModel):
@@ -83,6 +88,11 @@ class Validation:
 
     def reset(self) -> None:
         """Forget what was measured in an earlier run (called when a run starts)."""
+
+    def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
+        """The step's decisions once all its candidates are judged: with `alpha` and several
+        tested candidates, only the acceptances that survive Holm's correction."""
+        return holm_corrected(decisions, self.alpha)
 
     alpha: float | None = None
     accept_ties: bool = False
@@ -121,6 +131,7 @@ class Validation:
             )
             relation = (">=" if candidate_score == current_score + threshold else ">") if accepted else "<="
             reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
+        pairs = _paired_scores(current, candidate)
         decision = Decision(
             candidate_id=candidate_id,
             accepted=accepted,
@@ -129,20 +140,15 @@ class Validation:
             reason=reason,
             rollouts=list(candidate),
             current_rollouts=list(current),
+            wins=sum(b > a for a, b in pairs),
+            losses=sum(b < a for a, b in pairs),
+            alpha=self.alpha,
         )
-        return self._significance(decision, current, candidate) if self.alpha is not None else decision
+        return self._significance(decision, pairs) if self.alpha is not None and pairs else decision
 
-    def _significance(self, decision: Decision, current: Sequence[Rollout], candidate: Sequence[Rollout]) -> Decision:
+    def _significance(self, decision: Decision, pairs: list[tuple[float, float]]) -> Decision:
         """The decision with the paired test's verdict: a win that is not significant is rejected."""
-        before = {r.example_id: r.score for r in current}
-        pairs = [
-            (before[r.example_id], r.score)
-            for r in candidate
-            if r.score is not None and before.get(r.example_id) is not None
-        ]
-        if not pairs:
-            return decision
-        found = paired_test([a for a, _ in pairs], [b for _, b in pairs])  # type: ignore[misc]
+        found = paired_test([a for a, _ in pairs], [b for _, b in pairs])
         significant = found.p_value <= self.alpha  # type: ignore[operator]
         verdict = (
             f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
@@ -177,8 +183,17 @@ class NoValidation(Validation):
 class MinibatchValidation(Validation):
     """Re-run the step's batch with the candidate; the current scores are reused.
 
-    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
-    one-sided paired test on the batch finds significant at that level.
+    `alpha`: None accepts any strict win; a level (e.g. 0.1) accepts only a win that a
+    one-sided paired test on the batch finds significant at that level. A batch too small
+    for the test ever to reach `alpha` (n examples, 0.5**n > alpha: fewer than 4 at 0.1)
+    is judged by the strict win alone, and the decision's reason says so: a last short
+    batch of an epoch, or batches of 2, must not make acceptance impossible.
+
+    With several candidates in a step, only the one that scored best on the batch is
+    tested (ties go to the earlier candidate, the aggregator's merge before single
+    proposals); the others are rejected with the reason. Testing one candidate keeps its
+    full `alpha`: Holm's correction would halve it for two candidates, and a clean sweep
+    of a batch of 4 (p = 1/16) could then never pass.
     """
 
     name = "minibatch"
@@ -188,6 +203,34 @@ class MinibatchValidation(Validation):
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
         return batch_size * candidates
+
+    def _significance(self, decision: Decision, pairs: list[tuple[float, float]]) -> Decision:
+        if self.alpha is not None and 0.5 ** len(pairs) > self.alpha:
+            note = (
+                f"a batch of {len(pairs)} is too small for the paired test to reach alpha = {self.alpha:g} "
+                "(a strict win decides)"
+            )
+            return decision.model_copy(update={"reason": f"{decision.reason}; {note}"})
+        return super()._significance(decision, pairs)
+
+    def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
+        """Keep only the best candidate on the batch in the running; reject the others."""
+        if len(decisions) < 2:
+            return decisions
+        best = max(range(len(decisions)), key=lambda i: (_score_key(decisions[i]), -i))
+        chosen = decisions[best]
+        found = []
+        for index, decision in enumerate(decisions):
+            if index == best:
+                note = f"chosen as the best on the batch of {len(decisions)} candidates, the only one tested"
+                found.append(decision.model_copy(update={"reason": f"{decision.reason}; {note}"}))
+                continue
+            note = (
+                f"not the step's choice: {chosen.candidate_id} scored {_fmt(chosen.candidate_score)} on the batch "
+                f"against {_fmt(decision.candidate_score)}, and only the best candidate is tested"
+            )
+            found.append(decision.model_copy(update={"accepted": False, "reason": f"{decision.reason}; {note}"}))
+        return found
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         rollouts = await ctx.executor.run(
@@ -335,6 +378,25 @@ class MinibatchFirst(DatasetValidation):
                 "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}",
             }
         )
+
+
+def _paired_scores(current: Sequence[Rollout], candidate: Sequence[Rollout]) -> list[tuple[float, float]]:
+    """(current, candidate) scores of the examples both were scored on."""
+    before = {r.example_id: r.score for r in current}
+    return [
+        (before[r.example_id], r.score)  # type: ignore[misc]
+        for r in candidate
+        if r.score is not None and before.get(r.example_id) is not None
+    ]
+
+
+def _score_key(decision: Decision) -> float:
+    """Sort key: the candidate's score, unscored last."""
+    return float("-inf") if decision.candidate_score is None else decision.candidate_score
+
+
+def _fmt(score: float | None) -> str:
+    return "n/a" if score is None else f"{score:.3f}"
 
 
 def _sign(before: float | None, after: float | None) -> int:

@@ -47,7 +47,6 @@ from ..search.acceptance import (
     MinibatchValidation,
     Validation,
     ValidationContext,
-    holm_corrected,
     make_validation,
 )
 from ..search.batching import ProposalBatching, make_batching
@@ -67,9 +66,9 @@ __all__ = ["AggregatedUpdate", "InstanceOutput"]
 logger = logging.getLogger(__name__)
 
 # validation="auto" on training data too small to split: a paired test on the batch at
-# this level, with batches that can pass it.
+# this level (a clean sweep of 4 examples passes it; smaller batches are judged by a
+# strict win, see MinibatchValidation).
 SMALL_DATA_ALPHA = 0.1
-SMALL_DATA_MIN_BATCH = 4
 
 
 class AggregatedUpdate(TraceCompatible, Minibatch):
@@ -89,7 +88,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             `holdout`, and accept with `MinibatchFirst(split, race=8, accept_ties=True)`; on
             a training set too small to split, candidates are accepted on the batch, with a
             paired test, `MinibatchValidation(alpha=0.1)`, when batches have at least 4
-            examples), "minibatch" (re-run the batch with the
+            examples; with several candidates only the best on the batch is tested, see
+            `MinibatchValidation`), "minibatch" (re-run the batch with the
             candidate), "none" (always accept), a dataset to validate on, or a `Validation`.
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
@@ -207,15 +207,15 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                     f"selection={self.selection!r} needs a validation set, and {len(examples)} training examples "
                     f"are too few to hold one out (at least {2 * self.holdout.min_size}): pass validation=<a dataset>"
                 )
-            # A sign test on fewer than 4 pairs can never reach p <= 0.1: then any strict win.
-            tested = batch_size >= SMALL_DATA_MIN_BATCH
-            self.validation = MinibatchValidation(alpha=SMALL_DATA_ALPHA if tested else None)
+            self.validation = MinibatchValidation(alpha=SMALL_DATA_ALPHA)
             self.extra_config = {"validation": "minibatch (too few examples to hold out a split)"}
             logger.info(
-                "validation='auto': %d training examples are too few to hold out a validation split; "
-                "candidates are accepted on the batch%s",
+                "validation='auto': %d training examples are too few to hold out a validation split "
+                "(at least %d); the step's best candidate is accepted on the batch with a paired test "
+                "(alpha=%s; batches under 4 examples by a strict win)",
                 len(examples),
-                f" with a paired test (alpha={SMALL_DATA_ALPHA})" if tested else "",
+                2 * self.holdout.min_size,
+                SMALL_DATA_ALPHA,
             )
             return examples
         train, held = split
@@ -227,6 +227,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         }
         logger.info("validation='auto': %d of %d training examples held out to validate on", len(held), len(examples))
         return train
+
+    def validation_examples(self) -> list[Example]:
+        return list(self.validation.examples) if isinstance(self.validation, DatasetValidation) else []
 
     # The step, top to bottom ----------------------------------------------------------
 
@@ -460,7 +463,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         decisions = await gather_all(
             self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update)) for c in candidates
         )
-        decisions = holm_corrected(decisions, getattr(self.validation, "alpha", None))
+        decisions = self.validation.across_candidates(decisions)
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
             for rollout in decision.screening_rollouts:

@@ -57,7 +57,7 @@ async def aevaluate(
     *,
     concurrency: int = 16,
     values: ParameterValues | None = None,
-    min_score: float | None = None,
+    min_score: float | None = 0.0,
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,
     failure_log: FailureLog | None = None,
@@ -67,7 +67,9 @@ async def aevaluate(
     """Run and judge `agent` on every example of `dataset`, `concurrency` at a time (or
     through `executor`).
 
-    A rollout longer than `rollout_timeout` seconds counts as failed. The first failure of
+    A rollout whose agent or guide raised, or that ran longer than `rollout_timeout`
+    seconds, counts as failed: it scores `min_score` (0.0 by default; None leaves it out
+    of `mean`) and is counted in `n_failed`. The first failure of
     each kind is logged at WARNING. Raises `TooManyFailures` when the failed examples
     reach `max_failures` (an int counts them, a float is a fraction of the dataset; the
     default 1.0 raises only when every example failed; None never raises). `progress`
@@ -108,7 +110,7 @@ def evaluate(
     *,
     concurrency: int = 16,
     values: ParameterValues | None = None,
-    min_score: float | None = None,
+    min_score: float | None = 0.0,
     max_failures: int | float | None = DEFAULT_MAX_FAILURES,
     rollout_timeout: float | None = None,
     executor: RolloutExecutor | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import OptoError, OptoTypeError, OptoValueError
 from ..rollout import Rollout
@@ -20,9 +21,11 @@ DEFAULT_MAX_FAILURES = 1.0
 class TooManyFailures(OptoError, RuntimeError):
     """Too many rollouts of one step or evaluation failed (see `max_failures`).
 
-    A training run stops cleanly on it (`TrainResult.stopped_reason` holds the message);
-    `evaluate` raises it.
+    `train()` raises it once the run is saved: its message says how to resume, and
+    `result` holds the `TrainResult` of what was done (None when raised by `evaluate`).
     """
+
+    result: Any = None
 
 
 def validate_max_failures(max_failures: int | float | None) -> None:

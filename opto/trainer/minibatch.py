@@ -20,16 +20,18 @@ from ..agent import Agent
 from ..callbacks import Callback, CallbackList, deliver_step
 from ..data import DataLoader, Example, load_dataset
 from ..errors import OptoTypeError, OptoValueError
-from ..events import LedgerEvent, StepRecord
-from ..guides import Guide
+from ..events import LedgerEvent, RolloutEvent, StepRecord
+from ..guides import Guide, check_examples
 from ..ledger import Checkpoint, RunDir, RunDirWriter
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
 from ..rollout import AsyncioExecutor, RolloutExecutor
 from ..search.stopping import RunProgress, StopCondition
+from .diagnosis import best_rejected_win, is_rejected_win, summarize
 from .evaluation import EvalResult, aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
+from .options import check_flag, check_int, check_number
 from .resume import open_run
 
 __all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
@@ -81,6 +83,12 @@ class TrainResult(BaseModel):
     `test_scores` are `(step, mean)` pairs, step 0 being before any update;
     `test_intervals` their 95% intervals, {step: (low, high)} (`opto.stats.score_interval`).
     `stopped_reason` is None for a run that finished, else why it stopped early.
+    `train_failed` counts each step's failed rollouts (the agent or guide raised), and
+    `test_failed` each evaluation's, {step: count}: a failed rollout scores `min_score`
+    (0.0 by default) in every mean, and these say how many there were.
+    `diagnosis` says why nothing was accepted, or why a candidate that scored above the
+    current values was rejected (what the rule needed and the option that changes it);
+    None when there is nothing to explain. `best_rejected_win` is that decision's record.
     """
 
     train_scores: list[float | None] = Field(default_factory=list)
@@ -96,6 +104,11 @@ class TrainResult(BaseModel):
     stopped_reason: str | None = None
     run_dir: str | None = None
     seconds: float = 0.0
+    train_failed: list[int] = Field(default_factory=list)
+    test_failed: dict[int, int] = Field(default_factory=dict)
+    rejected_wins: int = 0
+    best_rejected_win: dict[str, Any] | None = None
+    diagnosis: str | None = None
 
     @property
     def initial_test_score(self) -> float | None:
@@ -112,6 +125,16 @@ class TrainResult(BaseModel):
     @property
     def final_test_interval(self) -> tuple[float, float] | None:
         return self.test_intervals.get(self.test_scores[-1][0]) if self.test_scores else None
+
+    @property
+    def initial_test_failed(self) -> int | None:
+        """Failed examples of the first test evaluation (None: no test set)."""
+        return self.test_failed.get(self.test_scores[0][0]) if self.test_scores else None
+
+    @property
+    def final_test_failed(self) -> int | None:
+        """Failed examples of the last test evaluation (None: no test set)."""
+        return self.test_failed.get(self.test_scores[-1][0]) if self.test_scores else None
 
     @property
     def cost_usd(self) -> float:
@@ -164,6 +187,10 @@ class Minibatch:
         """Called once the last step is done; True if it changed the stored values."""
         return False
 
+    def validation_examples(self) -> list[Example]:
+        """The examples candidates are validated on, apart from the training batches (none here)."""
+        return []
+
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
         """The fewest model calls one step makes, by what makes them (one call per
         rollout assumed), for the budget check. Keys of agent runs: "rollouts", "validation"."""
@@ -211,7 +238,7 @@ class Minibatch:
         test_dataset: Any = None,
         eval_frequency: int | None = None,
         log_frequency: int | None = 1,
-        min_score: float | None = None,
+        min_score: float | None = 0.0,
         verbose: bool = False,
         run_dir: str | Path | None = None,
         resume: bool = False,
@@ -246,7 +273,7 @@ class Minibatch:
         test_dataset: Any = None,
         eval_frequency: int | None = None,
         log_frequency: int | None = 1,
-        min_score: float | None = None,
+        min_score: float | None = 0.0,
         verbose: bool = False,
         run_dir: str | Path | None = None,
         resume: bool = False,
@@ -276,7 +303,9 @@ class Minibatch:
                 the start and the end).
             log_frequency: one INFO line every this many steps (score, decision, calls,
                 tokens, cost so far); None: none.
-            min_score: the score of a failed rollout (None: no score, left out of means).
+            min_score: the score of a rollout whose agent or guide raised (or timed out), in
+                every mean: 0.0 by default, so a crash never raises a score; None leaves
+                failed rollouts out of means (their count is reported either way).
             verbose: print every prompt sent to the proposers and the aggregator, and the reply.
             run_dir: write the ledger, metrics and a checkpoint after every step there.
             resume: continue the run in `run_dir` from its last completed step.
@@ -308,22 +337,26 @@ class Minibatch:
             raise OptoTypeError(
                 f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
             )
-        if not 0.0 <= stepsize <= 1.0:
-            raise OptoValueError(f"stepsize must be within [0, 1], got {stepsize}")
-        if num_epochs < 0:
-            raise OptoValueError(f"num_epochs must be >= 0, got {num_epochs}")
-        if eval_frequency is not None and eval_frequency < 1:
-            raise OptoValueError(f"eval_frequency must be >= 1 or None, got {eval_frequency}")
-        if log_frequency is not None and log_frequency < 1:
-            raise OptoValueError(f"log_frequency must be >= 1 or None, got {log_frequency}")
+        check_number("stepsize", stepsize, low=0.0, high=1.0)
+        check_int("num_epochs", num_epochs, minimum=0)
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("eval_frequency", eval_frequency, minimum=1, none_ok=True)
+        check_int("log_frequency", log_frequency, minimum=1, none_ok=True)
+        check_number("min_score", min_score, none_ok=True)
+        check_int("seed", seed, minimum=0)
+        for name, flag in (("verbose", verbose), ("resume", resume), ("shuffle", shuffle), ("progress", progress)):
+            check_flag(name, flag)
         validate_max_failures(max_failures)
-        if rollout_timeout is not None and not rollout_timeout > 0:
-            raise OptoValueError(f"rollout_timeout must be a positive number of seconds or None, got {rollout_timeout}")
+        check_number("rollout_timeout", rollout_timeout, low=0.0, open_low=True, none_ok=True)
         started = time.monotonic()
         train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,
                                       min_score=min_score)  # fmt: skip
         loader = DataLoader(train_dataset, batch_size=batch_size, shuffle=shuffle, seed=seed)
         test = load_dataset(test_dataset) if test_dataset is not None else None
+        # Every example the run will use, checked against what the guide needs before any call.
+        check_examples(guide, loader.dataset, "train_dataset")
+        check_examples(guide, self.validation_examples(), "the validation set")
+        check_examples(guide, test or [], "test_dataset")
         config = {
             "batch_size": batch_size,
             "seed": seed,
@@ -379,6 +412,7 @@ class Minibatch:
                 run.log_evaluation(ctx.step, result.rollouts, final=final)
             observers.call("on_evaluate_end", ctx.step, result)
             state.test_intervals[ctx.step] = [result.interval.low, result.interval.high] if result.interval else None
+            state.test_failed[ctx.step] = result.n_failed
             return result.mean
 
         async def finish_step(ctx: StepContext) -> None:
@@ -392,6 +426,7 @@ class Minibatch:
 
         self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
         stopped: str | None = None
+        failure: TooManyFailures | None = None
         unfinished: StepContext | None = None
         # With bars on screen, log lines (warnings, the per-step line) are written above them.
         with (
@@ -429,7 +464,9 @@ class Minibatch:
                     deliver_step(observers, record)
                     await finish_step(ctx)
                     bar.update(1)
-                    bar.set_postfix(score=_fmt(record.score), accepted=f"{state.accepted}/{state.step}")
+                    failed = sum(state.train_failed)
+                    bar.set_postfix(score=_fmt(record.score), accepted=f"{state.accepted}/{state.step}",
+                                    **({"failed": failed} if failed else {}))  # fmt: skip
                     if log_frequency and state.step % log_frequency == 0:
                         spent = sum(state.usage.values(), UsageStats())
                         decision = {True: "accepted", False: "rejected", None: "no candidate"}[record.accepted]
@@ -467,6 +504,7 @@ class Minibatch:
                 logger.warning("training stopped after step %d: %s", state.step, stopped)
             except TooManyFailures as exc:
                 stopped = f"too many failures: {exc}"
+                failure = exc
                 logger.error("training stopped after step %d: %s", state.step, stopped)
             except asyncio.CancelledError:
                 if not terminated:
@@ -481,6 +519,9 @@ class Minibatch:
                     _save_on_exit(writer, state, unfinished.step_record if unfinished else None)
         result = self._result(state, stopped, run, started)
         observers.call("on_train_end", result)
+        _log_end(result)
+        if failure is not None:  # saved above; the caller's script must not go on as if it had trained
+            raise _stopped_by_failures(failure, result, run_dir)
         return result
 
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
@@ -521,6 +562,14 @@ class Minibatch:
     def _account(self, state: Checkpoint, ctx: StepContext, record: StepRecord, loader: DataLoader) -> None:
         state.step, state.epoch = ctx.step, ctx.epoch
         state.train_scores.append(record.score)
+        state.train_failed.append(
+            sum(1 for e in record.events if isinstance(e, RolloutEvent) and e.phase == "train" and e.error)
+        )
+        wins = [
+            {**d.model_dump(mode="json"), "step": ctx.step} for d in record.decisions if is_rejected_win(d.model_dump())
+        ]
+        state.rejected_wins += len(wins)
+        state.best_rejected_win = best_rejected_win(wins, state.best_rejected_win)
         if record.accepted is True:
             state.accepted += 1
         elif record.accepted is False:
@@ -583,6 +632,17 @@ class Minibatch:
             stopped_reason=stopped,
             run_dir=str(run.path) if run else None,
             seconds=round(time.monotonic() - started, 3),
+            train_failed=state.train_failed,
+            test_failed=state.test_failed,
+            rejected_wins=state.rejected_wins,
+            best_rejected_win=state.best_rejected_win,
+            diagnosis=summarize(
+                steps=state.step,
+                accepted=state.accepted,
+                no_update=state.no_update,
+                rejected_wins=state.rejected_wins,
+                best=state.best_rejected_win,
+            ),
         )
 
 
@@ -673,6 +733,35 @@ def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecor
             exc,
         )
     writer.save_checkpoint(state)
+
+
+def _log_end(result: TrainResult) -> None:
+    """The run's last lines: scores with their failed examples, and the diagnosis if any."""
+    if result.test_scores:
+        logger.info(
+            "test score: %s -> %s%s",
+            _fmt(result.initial_test_score),
+            _fmt(result.final_test_score),
+            f" ({result.final_test_failed} failed examples scored as min_score)" if result.final_test_failed else "",
+        )
+    if sum(result.train_failed):
+        logger.warning("%d training rollouts failed (the agent or guide raised)", sum(result.train_failed))
+    if result.diagnosis:
+        # Nothing learned deserves a warning, shown without any logging set up; a rejected win beside accepted ones is information.
+        (logger.warning if not result.accepted else logger.info)("%s", result.diagnosis)
+
+
+def _stopped_by_failures(failure: TooManyFailures, result: TrainResult, run_dir: str | Path | None) -> TooManyFailures:
+    """The error a run stopped by failing rollouts raises, saying how to continue it."""
+    how = (
+        f"the run is saved in {run_dir}: fix the cause, then call train() again with the same run_dir and "
+        f"resume=True to continue from step {result.steps}"
+        if run_dir is not None
+        else "pass run_dir= to keep a run that can be resumed after such a stop"
+    )
+    error = TooManyFailures(f"{failure}; {how}")
+    error.result = result  # what the run did before it stopped
+    return error
 
 
 def _fmt(score: float | None) -> str:

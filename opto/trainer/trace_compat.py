@@ -60,7 +60,7 @@ class TraceCompatible:
     async def aforward(self, agent: Agent, x: Any, guide: Guide, info: Any, *, example_id: str = "") -> InstanceOutput:
         """Async `forward`."""
         if getattr(self, "guide", None) is None or self.guide is not guide:
-            self.remember(guide, getattr(self, "stepsize", 0.5), getattr(self, "min_score", None))
+            self.remember(guide, getattr(self, "stepsize", 0.5), getattr(self, "min_score", 0.0))
         rollout = await run_rollout(agent, guide, Example(x, info, id=example_id), min_score=self.min_score)
         return await self._propose(rollout, self._context())  # type: ignore[attr-defined]
 

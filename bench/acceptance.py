@@ -18,6 +18,17 @@ by `margin` in expected accuracy. Reported, for the default rule (any strict win
 for `alpha=0.05` (the exact sign test), at 24, 64 and 200 validation examples: the
 share of candidates accepted under each.
 
+Then the small-data default (`validation="auto"` on fewer than 32 training examples:
+candidates judged on the step's batch, `MinibatchValidation(alpha=0.1)`), against the
+rule it replaced (the same test, Holm-corrected over the step's candidates, and no test
+at all below a configured batch of 4):
+
+- the smallest win each accepts, per batch size and number of candidates: the fewest
+  examples a candidate must fix (none broken) when the step's other candidates change
+  nothing;
+- the share of steps that accept a candidate when none is better, per batch size and
+  number of candidates (each candidate drawn as above, independently).
+
     python bench/acceptance.py                  # 1000 steps a cell, margin 0.15
     python bench/acceptance.py --steps 4000 --margin 0.10
 """
@@ -32,6 +43,7 @@ import time
 import numpy as np
 
 from opto import Rollout
+from opto.search.acceptance import Decision, holm_corrected
 from opto.trainer import DatasetValidation, MinibatchValidation
 
 
@@ -63,6 +75,70 @@ def acceptance_rate(rule: object, n: int, margin: float, steps: int, seed: int, 
     return accepted / steps
 
 
+SMALL_ALPHA = 0.1
+
+
+def step_accepts(rule: str, current: np.ndarray, candidates: list[np.ndarray]) -> bool:
+    """Whether a step with these candidates keeps one, under the small-data default
+    ("now") or the rule before it ("before": Holm over the step's candidates, and no test
+    below a batch of 4)."""
+    if rule == "now":
+        validation = MinibatchValidation(alpha=SMALL_ALPHA)
+    else:
+        validation = MinibatchValidation(alpha=SMALL_ALPHA if len(current) >= 4 else None)
+    decisions: list[Decision] = [
+        validation.compare(f"c{i}", rollouts(current), rollouts(c), 0.0) for i, c in enumerate(candidates)
+    ]
+    decisions = validation.across_candidates(decisions) if rule == "now" else holm_corrected(decisions, validation.alpha)
+    return any(d.accepted for d in decisions)
+
+
+def smallest_win(rule: str, n: int, k: int) -> int | None:
+    """The fewest examples fixed (current wrong everywhere, none broken) that `rule`
+    accepts on a batch of n with k candidates, the others changing nothing."""
+    current = np.zeros(n, dtype=bool)
+    for fixed in range(1, n + 1):
+        winner = np.arange(n) < fixed
+        if step_accepts(rule, current, [winner] + [current.copy() for _ in range(k - 1)]):
+            return fixed
+    return None
+
+
+def null_step_rate(rule: str, n: int, k: int, steps: int, seed: int, model: str) -> float:
+    rng = np.random.default_rng(seed)
+    accepted = 0
+    for _ in range(steps):
+        difficulty = rng.uniform(0.2, 0.7, n)
+        current = rng.random(n) < difficulty
+        candidates = [candidate_answers(rng, difficulty, current, 0.0, model) for _ in range(k)]
+        accepted += step_accepts(rule, current, candidates)
+    return accepted / steps
+
+
+def small_data_tables(steps: int) -> None:
+    print()
+    print("Small-data default: the smallest win accepted (examples fixed, none broken, of the batch)")
+    print()
+    print("| batch | candidates | before | now |")
+    print("|---:|---:|---:|---:|")
+    for n in (2, 3, 4, 5, 6, 8, 16):
+        for k in (1, 2, 3):
+            before, now = smallest_win("before", n, k), smallest_win("now", n, k)
+            show = lambda found: "never" if found is None else f"{found} of {n}"  # noqa: E731
+            print(f"| {n} | {k} | {show(before)} | {show(now)} |")
+    print()
+    print(f"Small-data default: steps that keep a candidate when none is better ({steps} steps a cell)")
+    print()
+    print("| answers | batch | candidates | before | now |")
+    print("|---|---:|---:|---:|---:|")
+    for model in ("independent", "related"):
+        for n in (4, 8, 16):
+            for k in (1, 2, 3):
+                before = null_step_rate("before", n, k, steps, seed=100 * n + k, model=model)
+                now = null_step_rate("now", n, k, steps, seed=100 * n + k, model=model)
+                print(f"| {model} | {n} | {k} | {before:.1%} | {now:.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -86,6 +162,7 @@ def main() -> None:
     print("|---|---:|---|---:|---:|")
     for model, n, name, null, power in rows:
         print(f"| {model} | {n} | {name} | {null:.1%} | {power:.1%} |")
+    small_data_tables(args.steps)
 
 
 if __name__ == "__main__":

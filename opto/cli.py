@@ -24,17 +24,15 @@ __all__ = ["main"]
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .trainer.failures import TooManyFailures
 
     if args.finetune:
         return _prompts_then_weights(args)
-    if args.resume:
-        raise SystemExit(
-            "opto demo: --resume continues a --finetune run (a plain demo run takes a minute; start it again)"
-        )
+    run_dir = _demo_run_dir(args)
     model = _demo_model(args)
-    run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     if not args.json:
         print(f"opto demo: a few-shot agent learns its prompt and demos on BIG-bench {args.task} with {model.name}")
+        print(f"run dir: {run_dir} (after Ctrl-C, continue with: opto demo --run-dir {run_dir} --resume)")
     try:
         report = run_demo(
             model,
@@ -47,7 +45,16 @@ def _demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             selection=args.selection,
             progress=not (args.no_progress or args.json),
+            resume=args.resume,
         )
+    except KeyboardInterrupt:
+        print(f"interrupted; the run is saved: opto demo --run-dir {run_dir} --resume continues it", file=sys.stderr)
+        return 130
+    except TooManyFailures as exc:
+        raise SystemExit(
+            f"opto demo: stopped: {str(exc).split('; the run is saved', 1)[0]}\n"
+            f"the run is saved: fix the cause, then opto demo --run-dir {run_dir} --resume continues it"
+        ) from None
     finally:
         model.close()
     if args.json:
@@ -66,7 +73,11 @@ def _demo(args: argparse.Namespace) -> int:
             f"change: {100 * report.test_change:+.1f} points, 95% interval [{100 * low:+.1f}, {100 * high:+.1f}] "
             f"(paired over the same examples; brackets above: 95% intervals)"
         )
+    if report.test_before_failed or report.test_after_failed:
+        print(f"failed test examples (scored 0): before {report.test_before_failed}  after {report.test_after_failed}")
     print(f"steps: {report.steps}  accepted: {report.accepted}  rejected: {report.rejected}")
+    if report.diagnosis:
+        print(f"why: {report.diagnosis}")
     print(
         f"model calls: {report.calls} (+{report.cached_calls} cached)  "
         f"tokens: {report.prompt_tokens} prompt + {report.completion_tokens} completion"
@@ -79,6 +90,22 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"stopped early: {report.stopped_reason}")
         return 1
     return 0
+
+
+def _demo_run_dir(args: argparse.Namespace) -> str:
+    """The demo's run directory, refused up front in the command's own words when
+    --resume has nothing to continue or a new run would overwrite one."""
+    if args.resume and not args.run_dir:
+        raise SystemExit("opto demo: --resume needs --run-dir DIR, the run to continue (the demo printed it)")
+    run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    started = (Path(run_dir) / "checkpoint.json").exists()
+    if args.resume and not started:
+        raise SystemExit(f"opto demo: {run_dir} holds no demo run to resume; leave out --resume to start one there")
+    if started and not args.resume:
+        raise SystemExit(
+            f"opto demo: {run_dir} already holds a run; add --resume to continue it, or choose another --run-dir"
+        )
+    return run_dir
 
 
 def _prompts_then_weights(args: argparse.Namespace) -> int:
@@ -227,7 +254,11 @@ def _report(args: argparse.Namespace) -> int:
     from .report_html import write_html_report
 
     summary = (write_html_report if args.html else write_report)(args.run_dir, args.out)
-    print(f"wrote {summary.png} and {summary.markdown}" + (f" and {summary.html}" if summary.html else ""))
+    # Without matplotlib the picture was not written, so it is not named.
+    picture = None if summary.plot_skipped else summary.png
+    print("wrote " + " and ".join(path for path in (picture, summary.markdown, summary.html) if path))
+    if summary.plot_skipped:
+        print(summary.plot_skipped)
     if summary.stages is not None:  # a prompts-then-weights run
         print(f"stages: {', '.join(summary.stages) or 'none finished yet'}")
         return 0
@@ -615,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --finetune: training examples the optimized agent answers (default 256)",
     )
     demo.add_argument("--no-again", action="store_true", help="with --finetune: stop after the fine-tuned stage")
-    demo.add_argument("--resume", action="store_true", help="with --finetune: continue the run in --run-dir")
+    demo.add_argument("--resume", action="store_true", help="continue the interrupted run in --run-dir")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
     gather = commands.add_parser(

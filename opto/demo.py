@@ -115,6 +115,10 @@ class DemoReport(BaseModel):
     test_after_interval: tuple[float, float] | None = None
     test_change: float | None = None
     test_change_interval: tuple[float, float] | None = None
+    # Test examples whose rollout failed (scored 0), before and after; why nothing was accepted.
+    test_before_failed: int | None = None
+    test_after_failed: int | None = None
+    diagnosis: str | None = None
 
 
 def _test_change(run: RunDir) -> dict[str, Any]:
@@ -164,11 +168,13 @@ def run_demo(
     seed: int = 0,
     selection: str = "greedy",
     progress: bool = True,
+    resume: bool = False,
 ) -> DemoReport:
     """Train the few-shot agent's prompt and demos with `model` as agent, optimizer and aggregator.
 
     The task's train split gives the training examples (and so the demos), its
-    validation split decides acceptance, its test split is only measured.
+    validation split decides acceptance, its test split is only measured. `resume`
+    continues an interrupted demo in `run_dir` (the same arguments are needed).
     """
     started = time.monotonic()
     agent = FewShotAgent(model)
@@ -185,6 +191,7 @@ def run_demo(
         run_dir=run_dir,
         seed=seed,
         progress=progress,
+        resume=resume,
     )
     usage = result.usage
     return DemoReport(
@@ -210,4 +217,7 @@ def run_demo(
         initial_parameters=initial,
         final_parameters=result.final_parameters,
         stopped_reason=result.stopped_reason,
+        test_before_failed=result.initial_test_failed,
+        test_after_failed=result.final_test_failed,
+        diagnosis=result.diagnosis,
     )

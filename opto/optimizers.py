@@ -80,7 +80,10 @@ class Optimizer:
             replaces `prompts/optimizer.user.j2`.
         num_proposals: samples per instance (n); more than one makes preference data.
         temperature: sampling temperature (the backend's default when None).
-        max_tokens: the reply's token limit.
+        max_tokens: the reply's token limit; "auto" (the default) scales it to the text
+            being rewritten: 256 tokens for the reasoning and JSON, plus about twice the
+            current values' length (in tokens, at 4 characters each), at most 2048. A small
+            local model that loops then stops in seconds, not minutes.
         structured: ask for a JSON schema built from the parameters (constrained
             decoding where the backend supports it); False asks for plain JSON mode.
         name: labels its proposals in the ledger.
@@ -103,7 +106,7 @@ class Optimizer:
         template: PromptTemplate | str | Path | None = None,
         num_proposals: int = 1,
         temperature: float | None = None,
-        max_tokens: int | None = 2048,
+        max_tokens: int | str | None = "auto",
         structured: bool = True,
         name: str = "optimizer",
         max_trace_chars: int = 24_000,
@@ -115,6 +118,8 @@ class Optimizer:
     ) -> None:
         if num_proposals < 1:
             raise OptoValueError(f"num_proposals must be >= 1, got {num_proposals}")
+        if max_tokens != "auto" and max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise OptoValueError(f'max_tokens must be "auto", an int >= 1 or None, got {max_tokens!r}')
         if max_trace_chars < 1:
             raise OptoValueError(f"max_trace_chars must be >= 1, got {max_trace_chars}")
         if max_examples < 1:
@@ -200,7 +205,7 @@ class Optimizer:
             messages,
             response_format=reply_format(editable, ["reasoning"], "proposal") if self.structured else JSON_MODE,
             temperature=self.temperature,
-            max_tokens=self.max_tokens,
+            max_tokens=reply_tokens(editable) if self.max_tokens == "auto" else self.max_tokens,  # type: ignore[arg-type]
             n=self.num_proposals,
         )
         return [
@@ -216,6 +221,13 @@ class Optimizer:
             )
             for index, text in enumerate(completion.texts)
         ]
+
+
+def reply_tokens(editable: Sequence[Parameter]) -> int:
+    """The "auto" token limit of a reply rewriting `editable`: room for the reasoning and
+    the JSON around the values, and each value rewritten up to about twice its length."""
+    characters = sum(len(str(p.value)) for p in editable)
+    return min(2048, 256 + characters // 2)
 
 
 def _editable(param: Parameter) -> bool:

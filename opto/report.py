@@ -3,7 +3,8 @@
 Reads whatever a run directory holds (a finished, stopped or still-running run, and
 ledgers written by older versions): `metrics.jsonl` for scores and cost, the ledger for
 each step's decision, `checkpoint.json` for the values. Writes `report.png` (matplotlib,
-no display needed) and `report.md`.
+no display needed) and `report.md`. matplotlib comes with the `report` extra: without it
+only `report.md` is written and `ReportSummary.plot_skipped` says how to add the picture.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .errors import MissingFileError
 from .ledger import RunDir
 from .report_stages import is_stage_run, stage_report
 
-__all__ = ["ReportSummary", "write_report"]
+__all__ = ["PLOT_SKIPPED", "ReportSummary", "write_report"]
 
 
 class ReportSummary(BaseModel):
@@ -50,13 +51,31 @@ class ReportSummary(BaseModel):
     stages: list[str] | None = None
     # `opto report --html`: the self-contained page.
     html: str | None = None
+    # Set when no picture was drawn (matplotlib is not installed): why, and the extra that
+    # adds it. `png` then names where the picture would have gone; it was not written.
+    plot_skipped: str | None = None
+
+
+# The quick-start install (`.[local]`) has no matplotlib: the report still gives the
+# Markdown, and says in one line how to get the picture.
+PLOT_SKIPPED = 'plot skipped: matplotlib is not installed; pip install "opto-agents[report]" adds it'
+
+
+def _plot_skipped() -> str | None:
+    """`PLOT_SKIPPED` when matplotlib cannot be imported, else None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOT_SKIPPED
+    return None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSummary:
     """Write `report.png` and `report.md` for the run in `run_dir` (into `out`, default the run dir).
 
     For a prompts-then-weights run (`opto demo --finetune`) the picture has one bar per
-    stage (`ReportSummary.stages`)."""
+    stage (`ReportSummary.stages`). Without matplotlib no picture is drawn (`report.md`
+    only) and `ReportSummary.plot_skipped` says so."""
     if Path(run_dir).is_dir() and is_stage_run(Path(run_dir)):
         return _stages(Path(run_dir), Path(out) if out is not None else Path(run_dir))
     run = RunDir(run_dir) if Path(run_dir).is_dir() else None
@@ -84,14 +103,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     title = f"opto run {run.path.resolve().name}"
     if tests:
         title += f": test score {tests[0][1]:.3f} \u2192 {tests[-1][1]:.3f}"
-    points, legend = _plot(png, steps, tests, title, intervals)
+    skipped = _plot_skipped()
+    points, legend = ({}, []) if skipped else _plot(png, steps, tests, title, intervals)
     markdown = target / "report.md"
     atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
     pool = [r for r in ledger if r.get("type") == "pool"]
-    lineage = _lineage(target / "lineage.png", pool, decisions) if pool else None
-    costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None]
+    lineage = _lineage(target / "lineage.png", pool, decisions) if pool and not skipped else None
+    costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None] if not skipped else []
     if costed:
         _score_vs_cost(target / "score_vs_cost.png", costed)
     return ReportSummary(
@@ -111,13 +131,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         lineage_nodes=lineage[0] if lineage else 0,
         lineage_edges=lineage[1] if lineage else 0,
         cost_png=str(target / "score_vs_cost.png") if costed else None,
+        plot_skipped=skipped,
     )
 
 
 def _stages(folder: Path, target: Path) -> ReportSummary:
     if not target.is_dir():
         raise MissingFileError(f"--out {target} is not a folder; create it first")
-    png, markdown, stages = stage_report(folder, target)
+    skipped = _plot_skipped()
+    png, markdown, stages = stage_report(folder, target, draw=skipped is None)
     return ReportSummary(
         png=str(png),
         markdown=str(markdown),
@@ -129,6 +151,7 @@ def _stages(folder: Path, target: Path) -> ReportSummary:
         plotted_points={"stages": len(stages)},
         title=f"prompts, then weights: {folder.name}",
         stages=[s["stage"] for s in stages],
+        plot_skipped=skipped,
     )
 
 

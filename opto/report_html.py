@@ -5,6 +5,7 @@ per step each candidate: a word diff of every parameter against the values it st
 from, its decision, scores and interval, and the step's calls, tokens and cost. Pictures
 are inline PNGs (the same matplotlib figures `opto report` draws), styles and the one
 script are inline: the page fetches nothing, so it opens offline and can be mailed.
+Without matplotlib the page has no pictures and says which extra adds them.
 Every text that came from a model or a dataset is escaped, never interpreted.
 """
 
@@ -95,11 +96,13 @@ def _run_body(run: RunDir, summary: ReportSummary) -> str:
         )
         + ".</p>",
         "<h2>Learning curve</h2>",
-        _image(Path(summary.png), "learning curve: batch, candidate and test scores with 95% intervals"),
+        _image(Path(summary.png), "learning curve: batch, candidate and test scores with 95% intervals", summary),
     ]
     parts.append("<h2>Lineage</h2>")
     if summary.lineage_png:
-        parts.append(_image(Path(summary.lineage_png), "lineage of the Pareto pool"))
+        parts.append(_image(Path(summary.lineage_png), "lineage of the Pareto pool", summary))
+    elif summary.plot_skipped and any(r.get("type") == "pool" for r in ledger):  # a Pareto run, not drawn
+        parts.append(_image(None, "lineage of the Pareto pool", summary))
     else:
         parts.append('<p class="muted">Greedy selection: each step starts from the values the last accepted '
                      "step left; the steps below are one line.</p>")  # fmt: skip
@@ -221,11 +224,13 @@ def _stage_body(folder: Path, summary: ReportSummary) -> str:
         "<table><tr><th>stage</th><th>test accuracy</th><th>95% interval</th><th>prompt tokens per call</th>"
         "<th>calls</th><th>model</th></tr>" + "".join(rows) + "</table>"
     )
-    return "\n".join(["<h2>Stages</h2>", _image(Path(summary.png), "test accuracy by stage"), table])
+    return "\n".join(["<h2>Stages</h2>", _image(Path(summary.png), "test accuracy by stage", summary), table])
 
 
-def _image(path: Path, alt: str) -> str:
-    if not path.exists():
+def _image(path: Path | None, alt: str, summary: ReportSummary) -> str:
+    if summary.plot_skipped:  # not this report's picture, even if an older one lies there
+        return f'<p class="muted">({_e(alt)}: not drawn; {_e(summary.plot_skipped)})</p>'
+    if path is None or not path.exists():
         return f'<p class="muted">({_e(alt)}: not drawn)</p>'
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'

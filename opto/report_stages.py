@@ -28,11 +28,15 @@ def read_stages(folder: Path) -> list[dict[str, Any]]:
     return [m for m in read_jsonl(path) if isinstance(m, dict) and m.get("stage")] if path.exists() else []
 
 
-def stage_report(folder: Path, target: Path) -> tuple[Path, Path, list[dict[str, Any]]]:
-    """Write report.png and report.md for the stages in `folder`; returns them and the stages."""
+def stage_report(folder: Path, target: Path, *, draw: bool = True) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Write report.png and report.md for the stages in `folder`; returns their paths and the stages.
+
+    With `draw=False` (no matplotlib) only report.md is written; the picture's path is still returned.
+    """
     stages = read_stages(folder)
     png, markdown = target / "report.png", target / "report.md"
-    _plot(png, stages, f"prompts, then weights: {folder.resolve().name}")
+    if draw:
+        _plot(png, stages, f"prompts, then weights: {folder.resolve().name}")
     atomic_write_text(markdown, _markdown(folder, stages))
     return png, markdown, stages
 

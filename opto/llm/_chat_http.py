@@ -67,6 +67,8 @@ class ChatPoster:
         except asyncio.TimeoutError:
             raise openai.APITimeoutError(request=self._request()) from None
         except aiohttp.ClientError as exc:
+            # `from None` keeps tracebacks short; aiohttp's error stays the context, where
+            # `remote.connect_failure` tells a refused connection from one that broke.
             raise openai.APIConnectionError(message=f"Connection error: {exc}", request=self._request()) from None
         if status >= 400:
             headers = list(response.headers.items())

@@ -6,12 +6,14 @@ LLMError                      model, status_code, request_id, retry_after
 │   ├── AuthenticationError   401, 403: a missing, wrong or unauthorized key
 │   ├── BadRequestError       400, 422 (also a ValueError)
 │   │   └── ContextWindowExceededError   the prompt does not fit the model
-│   ├── ModelNotFoundError    404: no such model (or route) on that server
+│   ├── ModelNotFoundError    404: no such model on that server
+│   ├── EndpointNotFoundError            404 for the route itself: the base URL is wrong (also a ValueError)
 │   ├── UnsupportedRequestError          this backend cannot do what was asked (tools, logprobs)
 │   └── QuotaExceededError    429 with insufficient_quota: waiting does not cure it
 ├── LLMUnavailableError       kept failing after every retry (attempts)
 │   ├── RateLimitError        429s outlasted the patience
 │   ├── ServerError           5xx or broken replies
+│   ├── ConnectionFailedError            could not connect: refused, unknown host, TLS (also a ConnectionError)
 │   └── LLMTimeoutError       timeouts (also a TimeoutError)
 └── BudgetExceeded            refused before sending: over a Budget
 ```
@@ -29,7 +31,9 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceeded",
+    "ConnectionFailedError",
     "ContextWindowExceededError",
+    "EndpointNotFoundError",
     "LLMError",
     "LLMRequestError",
     "LLMTimeoutError",
@@ -99,7 +103,13 @@ class ContextWindowExceededError(BadRequestError):
 
 
 class ModelNotFoundError(LLMRequestError):
-    """404: the server has no such model (or the base URL points at the wrong route)."""
+    """404: the server has no such model (the message also names the URL that answered)."""
+
+
+class EndpointNotFoundError(LLMRequestError, ValueError):
+    """404 for the route itself: the server is there but has no chat completions route at
+    that URL, so the base URL setting is wrong (often `/v1` is missing); the message names
+    the URL requested and the setting to fix."""
 
 
 class UnsupportedRequestError(LLMRequestError):
@@ -130,6 +140,11 @@ class LLMTimeoutError(LLMUnavailableError, TimeoutError):
     """Requests kept timing out after every retry."""
 
 
+class ConnectionFailedError(LLMUnavailableError, ConnectionError):
+    """No connection could be made (refused, unknown host, a TLS failure) after a few quick
+    retries; the message names the URL and the setting that chooses it."""
+
+
 class BudgetExceeded(LLMError):
     """A call was refused before it was sent because it would go over a `Budget`."""
 
@@ -142,16 +157,22 @@ _CONTEXT_WINDOW = re.compile(
 
 
 def refused_request_error(
-    status: int | None, message: str, *, codes: tuple[Any, ...] = (), **details: Any
+    status: int | None,
+    message: str,
+    *,
+    codes: tuple[Any, ...] = (),
+    route_missing: bool = False,
+    **details: Any,
 ) -> LLMRequestError:
     """The `LLMRequestError` subclass for a refused request: by status, the error codes the
-    server gave and (for a context window, which servers report differently) the message."""
+    server gave and (for a context window, which servers report differently) the message.
+    `route_missing`: a 404 that is about the URL, not the model (the caller read the body)."""
     if status == 429 or "insufficient_quota" in codes:
         kind: type[LLMRequestError] = QuotaExceededError
     elif status in (401, 403):
         kind = AuthenticationError
     elif status == 404:
-        kind = ModelNotFoundError
+        kind = EndpointNotFoundError if route_missing else ModelNotFoundError
     elif "context_length_exceeded" in codes or (status in (None, 400, 413, 422) and _CONTEXT_WINDOW.search(message)):
         kind = ContextWindowExceededError
     elif status in (400, 422):
@@ -167,16 +188,20 @@ def unavailable_error(
     *,
     status: int | None = None,
     timed_out: bool = False,
+    unreachable: bool = False,
     malformed: bool = False,
     **details: Any,
 ) -> LLMUnavailableError:
-    """The `LLMUnavailableError` subclass for the last failure of a request retried in vain."""
+    """The `LLMUnavailableError` subclass for the last failure of a request retried in vain
+    (`unreachable`: no connection could be made at all)."""
     if timed_out:
         kind: type[LLMUnavailableError] = LLMTimeoutError
+    elif unreachable:
+        kind = ConnectionFailedError
     elif status == 429:
         kind = RateLimitError
     elif malformed or (status is not None and status >= 500):
         kind = ServerError
     else:
-        kind = LLMUnavailableError  # the connection itself failed
+        kind = LLMUnavailableError  # the connection broke after it was made
     return kind(message, attempts, status_code=status, **details)

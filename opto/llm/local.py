@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import MissingFileError
 from .base import Model
 from .errors import LLMError, UnsupportedRequestError, refused_request_error
+from .repetition import cut_repetition
 from .reported import reported_usage
 from .types import Completion, Message, TokenUsage
 
@@ -89,6 +90,9 @@ class LocalModel(Model):
         budget: a `Budget` every call is checked against before it runs.
         prices: {model name: {"input": usd_per_1m_tokens, "output": usd_per_1m_tokens}}, for a
             cost objective (see `Model`).
+
+    A reply that ends in a loop (a phrase repeated back to back, as small models do) is
+    cut where the loop starts and reported as truncated (finish reason "length").
 
     `response_format={"type": "json_object"}` constrains sampling with llama.cpp's JSON
     grammar; a `json_schema` format constrains it to that schema. One llama context is
@@ -174,8 +178,12 @@ class LocalModel(Model):
             # In the caller's context, so what runs there (a span, a trace) knows whose call it is.
             reply = await loop.run_in_executor(self._worker, contextvars.copy_context().run, self._chat, kwargs)
             choice = reply["choices"][0]
-            texts.append(choice["message"].get("content") or "")
-            reasons.append(choice.get("finish_reason"))
+            text = choice["message"].get("content") or ""
+            looped = cut_repetition(text)
+            if looped is not None:  # a small model's loop: cut it, and count the reply as cut short
+                logger.info("%s: a reply repeated itself; cut after %d characters", self.name, len(looped))
+            texts.append(text if looped is None else looped)
+            reasons.append(choice.get("finish_reason") if looped is None else "length")
             usage = reply.get("usage") or {}
             reported = reported_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"), source="llama.cpp")
             prompt_tokens = reported.prompt_tokens or prompt_tokens

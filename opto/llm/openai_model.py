@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 
@@ -11,11 +12,13 @@ from ..errors import OptoValueError
 from ._chat_http import ChatPoster
 from .errors import AuthenticationError
 from .redaction import remember_secret
-from .remote import RemoteChatModel
+from .remote import RemoteChatModel, public_url
 
 __all__ = ["OpenAIModel"]
 
 NO_KEY = "no-key-needed"  # sent to a custom base_url that needs no key
+OPENAI_ROOT = "https://api.openai.com/v1"  # the SDK's root when no base_url is set
+CHAT_ROUTE = "/chat/completions"
 
 
 def resolve_credentials(base_url: str | None, api_key: str | None, who: str) -> tuple[str | None, str]:
@@ -91,6 +94,7 @@ class OpenAIModel(RemoteChatModel):
         )
 
     _thread_label = "openai"
+    _url_setting = "base_url= (or the OPENAI_BASE_URL environment variable; --base-url for the opto command)"
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"OpenAIModel({self.name!r}, base_url={self.base_url!r})"
@@ -104,6 +108,19 @@ class OpenAIModel(RemoteChatModel):
 
     def _keep_secrets_of(self, other: RemoteChatModel) -> None:
         self._api_key = other._api_key  # type: ignore[attr-defined]
+
+    def _request_url(self) -> str:
+        """The chat completions URL (as `ChatPoster` builds it), without credentials or query."""
+        return public_url(self.base_url or OPENAI_ROOT).rstrip("/") + CHAT_ROUTE
+
+    def _suggested_root(self) -> str | None:
+        """The base URL with `/v1` added (what OpenAI-compatible servers serve under), or
+        without a `/chat/completions` given by mistake; None when it already ends in `/v1`."""
+        root = public_url(self.base_url or OPENAI_ROOT).rstrip("/")
+        path = urlsplit(root).path
+        if path.endswith(CHAT_ROUTE):
+            return root[: -len(CHAT_ROUTE)] or None
+        return None if path.endswith("/v1") else root + "/v1"
 
     def _new_poster(self) -> ChatPoster:
         return ChatPoster(self._sdk_client(), self.timeout)

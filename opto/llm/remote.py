@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import errno
 import json
 import logging
+import re
+import socket
+import ssl
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import openai
 
 from ..errors import OptoValueError, UsageError
@@ -17,15 +23,22 @@ from ._gate import SharedSemaphore
 from ._loop import BackgroundLoop
 from ._per_loop import PerLoop
 from .base import Model
-from .errors import describe_error, refused_request_error, unavailable_error
+from .errors import LLMRequestError, describe_error, refused_request_error, unavailable_error
 from .ratelimit import RateLimiter
 from .redaction import redact
 from .reported import reported_tokens
-from .retry import backoff_delay, retry_after_delay, retry_after_seconds
+from .retry import (
+    CONNECT_BACKOFF_BASE,
+    CONNECT_BACKOFF_CAP,
+    CONNECT_RETRIES,
+    backoff_delay,
+    retry_after_delay,
+    retry_after_seconds,
+)
 from .types import Completion, Message, ToolCall, tool_calls_of
 from .usage import estimate_tokens
 
-__all__ = ["Poster", "RemoteChatModel"]
+__all__ = ["Poster", "RemoteChatModel", "connect_failure", "public_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +81,9 @@ class RemoteChatModel(Model):
             estimated before a request and corrected from the reply's usage).
         timeout: seconds per request before it counts as failed and is retried.
         max_retries: retries of a 5xx, timeout, connection error or malformed reply,
-            with exponential backoff and jitter.
+            with exponential backoff and jitter. A connection that cannot be made at all
+            (refused, unknown host, TLS failure) is retried at most `CONNECT_RETRIES`
+            times within a few seconds, then raises `ConnectionFailedError` naming the URL.
         rate_limit_patience: seconds a request keeps retrying 429s (rate limited) before
             it gives up; these retries wait what Retry-After asks plus a random share
             of it, so refused requests do not all come back at once, and do not count
@@ -116,6 +131,8 @@ class RemoteChatModel(Model):
         self._start_clients()
 
     _thread_label = "remote"  # names the private loop's thread
+    # How a user sets where requests go, named in the errors of a wrong or unreachable URL.
+    _url_setting = ""
     # Whether requests may run on the caller's loop: True when each loop's poster holds
     # everything it uses (a subclass whose library shares clients between loops says False).
     _requests_on_caller_loop = True
@@ -126,6 +143,9 @@ class RemoteChatModel(Model):
         # Weakly: the finalizer holds the posters, and must not keep the model alive.
         self._posters: PerLoop[Poster] = PerLoop(_weakly(self._new_poster))
         self._gate = SharedSemaphore(self.max_concurrency)
+        # Connection failures warn once until a request gets through again: every call in
+        # a run retries them, and one line says it all (the rest go to DEBUG).
+        self._connect_warned = False
         self._finalizer = weakref.finalize(self, _shut_down, self._loop, self._posters)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -152,6 +172,14 @@ class RemoteChatModel(Model):
     @abc.abstractmethod
     def _new_poster(self) -> Poster:
         """The object that sends requests (made on the loop that sends them, so its connections belong to it)."""
+
+    def _request_url(self) -> str | None:
+        """Where chat requests go, without credentials, for error messages (None: not known here)."""
+        return None
+
+    def _suggested_root(self) -> str | None:
+        """A corrected API root to suggest when the server has no chat route at the URL (None: no guess)."""
+        return None
 
     def _generate(  # not async: it returns the request's coroutine, one fewer for every call in flight
         self,
@@ -197,6 +225,8 @@ class RemoteChatModel(Model):
         estimate = _prompt_estimate(params["messages"]) if limited else 0  # for the token limit
         last_error: BaseException | None = None
         attempt = 0
+        unreachable: str | None = None  # why the last attempt could not connect, if it could not
+        unreachable_in_a_row = 0
         handle = None
         patience_ends = asyncio.get_running_loop().time() + self.rate_limit_patience
         while True:
@@ -215,6 +245,8 @@ class RemoteChatModel(Model):
                 completion = self._to_completion(reply, params["messages"])
                 if handle is not None:
                     self._limits.record_actual(handle, completion.usage.total_tokens)
+                if self._connect_warned:  # the server is back: the next outage warns again
+                    self._connect_warned = False
                 return completion
             except openai.APIStatusError as exc:
                 kind = (params.get("response_format") or {}).get("type")
@@ -231,6 +263,8 @@ class RemoteChatModel(Model):
                         )
                         self._rejected_formats.add(kind)
                     continue
+                if exc.status_code == 404:
+                    raise self._not_found_error(exc) from _keyless(exc)
                 if not _is_transient_status(exc.status_code) or _quota_used_up(exc):
                     # A used-up quota is a 429 that waiting does not cure.
                     raise refused_request_error(
@@ -239,7 +273,7 @@ class RemoteChatModel(Model):
                         codes=_error_codes(exc),
                         **_details_of(exc, self.name),
                     ) from _keyless(exc)
-                last_error = exc
+                last_error, unreachable, unreachable_in_a_row = exc, None, 0  # the server answered
                 if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
                     # Rate limited: wait as asked (with jitter), without using up a retry.
                     delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
@@ -249,7 +283,19 @@ class RemoteChatModel(Model):
                 delay = retry_after_seconds(exc.response.headers)
             except (*_TRANSIENT, _MalformedReply) as exc:
                 last_error, delay = exc, None
+                unreachable = connect_failure(exc) if isinstance(exc, openai.APIConnectionError) else None
             attempt += 1
+            unreachable_in_a_row = unreachable_in_a_row + 1 if unreachable else 0
+            if unreachable:
+                # Refused, unknown host, TLS: a wrong URL or a stopped server, which minutes
+                # of backoff would not cure. A few quick tries ride out a restart.
+                retries = min(self.max_retries, CONNECT_RETRIES)
+                if unreachable_in_a_row > retries or attempt > self.max_retries:
+                    break
+                delay = backoff_delay(unreachable_in_a_row - 1, base=CONNECT_BACKOFF_BASE, cap=CONNECT_BACKOFF_CAP)
+                self._log_connect_retry(unreachable, last_error, unreachable_in_a_row, retries, delay)
+                await asyncio.sleep(delay)
+                continue
             if attempt > self.max_retries:
                 break
             delay = backoff_delay(attempt - 1) if delay is None else retry_after_delay(delay, attempt - 1)
@@ -258,16 +304,75 @@ class RemoteChatModel(Model):
             )
             await asyncio.sleep(delay)
         self._limits.record_actual(handle, 0)
+        message = f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}"
+        if unreachable:
+            message = (
+                f"{self.name}: could not connect to {self._request_url() or 'the server'} ({unreachable}); "
+                f"gave up after {attempt} attempts: {describe_error(last_error)}. "
+                f"Is the server running, and is the URL right?{self._setting_hint()}"
+            )
         raise unavailable_error(
-            f"{self.name}: gave up after {attempt} attempts: {describe_error(last_error)}",
+            message,
             attempt,
             status=getattr(last_error, "status_code", None),
             timed_out=isinstance(last_error, openai.APITimeoutError),
+            unreachable=unreachable is not None,
             malformed=isinstance(
                 last_error, (_MalformedReply, json.JSONDecodeError, openai.APIResponseValidationError)
             ),
             **_details_of(last_error, self.name),
         ) from _keyless(last_error)
+
+    def _log_connect_retry(
+        self, reason: str, error: BaseException | None, retry: int, retries: int, delay: float
+    ) -> None:
+        """One WARNING per outage (naming the URL), DEBUG for every other retry of it."""
+        level = logging.DEBUG if self._connect_warned else logging.WARNING
+        self._connect_warned = True
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                "%s: could not connect to %s (%s: %s); retry %d/%d in %.2fs",
+                self.name,
+                self._request_url() or "the server",
+                reason,
+                describe_error(error),
+                retry,
+                retries,
+                delay,
+            )
+
+    def _setting_hint(self) -> str:
+        return f" It is set by {self._url_setting}." if self._url_setting else ""
+
+    def _not_found_error(self, exc: openai.APIStatusError) -> LLMRequestError:
+        """A 404, as the error that says what was not found: the route (the URL is wrong,
+        `EndpointNotFoundError`) or the model (`ModelNotFoundError`); both name the URL."""
+        detail = redact(_body_text(exc) or exc.message)[:300]
+        url = self._request_url()
+        where = f"POST {url}" if url else "the server"
+        kind = _what_was_not_found(exc, detail, self.name)
+        suggestion = self._suggested_root() if kind != "model" else None
+        try_root = f" Try {suggestion} as the base URL." if suggestion else ""
+        if kind == "route":
+            message = (
+                f"{self.name}: {where} answered 404 ({detail}): the server has no chat completions "
+                f"route there, so the URL is wrong.{try_root}{self._setting_hint()}"
+            )
+        elif kind == "model":
+            message = f"{self.name}: request rejected: {detail} ({where} has no model named {self.name!r})"
+        else:  # a 404 that names neither: the model, most often, but say where it came from
+            message = (
+                f"{self.name}: request rejected: {detail} (404 from {where}: no model named {self.name!r} "
+                f"there, or not the right URL).{try_root}"
+            )
+        return refused_request_error(
+            404,
+            message,
+            codes=_error_codes(exc),
+            route_missing=kind == "route",
+            **_details_of(exc, self.name),
+        )
 
     def _to_completion(self, body: Any, messages: list[Message]) -> Completion:
         """The reply as a `Completion`; a prompt token count it does not give is estimated
@@ -362,6 +467,83 @@ def _about_response_format(exc: openai.APIStatusError) -> bool:
     """Whether an error is about the response format (not, say, a prompt over the context length)."""
     text = f"{exc.param or ''} {exc.message}".lower()
     return any(word in text for word in _FORMAT_WORDS)
+
+
+_CONNECT_ERRNOS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.EHOSTUNREACH: "host unreachable",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EADDRNOTAVAIL: "address not available",
+}
+
+
+def connect_failure(error: BaseException) -> str | None:
+    """Why no connection could be made at all ("connection refused", "unknown host", "TLS
+    error", ...), from the error or the ones it was raised from; None for other failures
+    (a timeout, or a connection that broke after it was made, which keep the long backoff)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (openai.APITimeoutError, TimeoutError)):
+            return None
+        if isinstance(current, socket.gaierror):  # aiohttp's DNS error is raised from it
+            return "unknown host"
+        if isinstance(current, (ssl.SSLError, ssl.CertificateError, aiohttp.ClientSSLError)):
+            return "TLS error"
+        if isinstance(current, OSError) and current.errno in _CONNECT_ERRNOS:  # aiohttp's errors carry it too
+            return _CONNECT_ERRNOS[current.errno]
+        # `raise ... from None` (as ChatPoster does) still keeps the original as the context.
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def public_url(url: str) -> str:
+    """`url` fit for a message: without a user or password, query or fragment (where keys
+    may be), and with any known key redacted."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:  # a malformed port: keep the host alone
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    return redact(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+
+
+# What servers answer for a path they do not serve (not for a model they do not have):
+# opto's fake server, OpenAI, Go (Ollama), Express, LM Studio, FastAPI (vLLM), nginx.
+_NO_ROUTE = re.compile(
+    r"unknown route|invalid url|no route|route not found|page not found|cannot (?:post|get) /|"
+    r"unexpected endpoint|unknown (?:endpoint|path|url)|no such (?:endpoint|route|path)|^\s*not found\s*$|<html",
+    re.I,
+)
+_ABOUT_MODEL = re.compile(r"\bmodels?\b", re.I)
+
+
+def _body_text(exc: openai.APIStatusError) -> str:
+    """The error body's message (or the whole body, when it has none) as text."""
+    body = exc.body
+    if isinstance(body, dict):
+        found = body.get("message") or body.get("detail") or body.get("error")
+        return found if isinstance(found, str) else json.dumps(body, default=str)
+    return body.strip() if isinstance(body, str) else ""
+
+
+def _what_was_not_found(exc: openai.APIStatusError, detail: str, model: str) -> str:
+    """What a 404's code and body say was not found: "model", "route" or "unclear"."""
+    if "model_not_found" in _error_codes(exc):
+        return "model"
+    if _NO_ROUTE.search(detail):
+        return "route"
+    if _ABOUT_MODEL.search(detail) or re.search(rf"(?<![\w.-]){re.escape(model)}(?![\w.-])", detail):
+        return "model"
+    body = exc.body
+    if isinstance(body, str) or (isinstance(body, dict) and not isinstance(body.get("message"), str)):
+        return "route"  # not an OpenAI-style error: a web server's own 404, not the API's
+    return "unclear"  # an API error that names nothing (or no body: LiteLLM keeps none)
 
 
 def _error_codes(exc: openai.APIStatusError) -> tuple[Any, ...]:

@@ -7,9 +7,23 @@ import random
 import time
 from collections.abc import Mapping
 
-__all__ = ["backoff_delay", "retry_after_delay", "retry_after_seconds"]
+__all__ = [
+    "CONNECT_BACKOFF_BASE",
+    "CONNECT_BACKOFF_CAP",
+    "CONNECT_RETRIES",
+    "backoff_delay",
+    "retry_after_delay",
+    "retry_after_seconds",
+]
 
 MAX_RETRY_AFTER = 120.0
+
+# A server that refuses connections, a host name that does not resolve or a TLS failure is
+# almost always a wrong URL or a server that is not running: a few quick retries ride out a
+# restart (at most 0.5 + 1 + 2 s of waiting), then the caller is told where it could not connect.
+CONNECT_RETRIES = 3
+CONNECT_BACKOFF_BASE = 0.5
+CONNECT_BACKOFF_CAP = 2.0
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._io import json_key
 from ..agent import Agent
@@ -57,6 +57,10 @@ class Decision(BaseModel):
     wins: int | None = None
     losses: int | None = None
     alpha: float | None = None
+    # Before the test: whether the candidate won, and on how many paired examples (for a
+    # step's second look at its best candidate, `MinibatchValidation.across_candidates`).
+    _won: bool = PrivateAttr(default=False)
+    _pairs: int = PrivateAttr(default=0)
 
 
 class ValidationContext(BaseModel):
@@ -191,9 +195,13 @@ class MinibatchValidation(Validation):
 
     With several candidates in a step, only the one that scored best on the batch is
     tested (ties go to the earlier candidate, the aggregator's merge before single
-    proposals); the others are rejected with the reason. Testing one candidate keeps its
-    full `alpha`: Holm's correction would halve it for two candidates, and a clean sweep
-    of a batch of 4 (p = 1/16) could then never pass.
+    proposals), at `alpha` divided by the number of candidates (Bonferroni: a step's chance
+    of keeping a candidate that is not better stays near `alpha`), but never at a level
+    stricter than a clean sweep of the batch can pass (0.5**n on n examples). So a
+    candidate right on every example of its batch where the current values were wrong is
+    accepted at any batch size and with any number of candidates; with Holm's correction
+    alone, two candidates on a batch of 4 could never pass (1/16 > 0.05). The others are
+    rejected, and each decision's reason says how the step chose.
     """
 
     name = "minibatch"
@@ -211,10 +219,12 @@ class MinibatchValidation(Validation):
                 "(a strict win decides)"
             )
             return decision.model_copy(update={"reason": f"{decision.reason}; {note}"})
-        return super()._significance(decision, pairs)
+        tested = super()._significance(decision, pairs)
+        tested._won, tested._pairs = decision.accepted, len(pairs)
+        return tested
 
     def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
-        """Keep only the best candidate on the batch in the running; reject the others."""
+        """Test only the best candidate on the batch, at the step's level; reject the others."""
         if len(decisions) < 2:
             return decisions
         best = max(range(len(decisions)), key=lambda i: (_score_key(decisions[i]), -i))
@@ -222,8 +232,7 @@ class MinibatchValidation(Validation):
         found = []
         for index, decision in enumerate(decisions):
             if index == best:
-                note = f"chosen as the best on the batch of {len(decisions)} candidates, the only one tested"
-                found.append(decision.model_copy(update={"reason": f"{decision.reason}; {note}"}))
+                found.append(self._tested_as_the_best(decision, len(decisions)))
                 continue
             note = (
                 f"not the step's choice: {chosen.candidate_id} scored {_fmt(chosen.candidate_score)} on the batch "
@@ -231,6 +240,22 @@ class MinibatchValidation(Validation):
             )
             found.append(decision.model_copy(update={"accepted": False, "reason": f"{decision.reason}; {note}"}))
         return found
+
+    def _tested_as_the_best(self, decision: Decision, candidates: int) -> Decision:
+        """The step's chosen candidate, its test redone at alpha / candidates (or the clean
+        sweep's level, if higher)."""
+        note = f"chosen as the best on the batch of {candidates} candidates, the only one tested"
+        if self.alpha is None or decision.p_value is None:
+            return decision.model_copy(update={"reason": f"{decision.reason}; {note}"})
+        level = max(self.alpha / candidates, 0.5**decision._pairs)
+        passed = decision.p_value <= level
+        note += (
+            f", at alpha/{candidates} or a clean sweep's 1/2^{decision._pairs}, whichever is higher: "
+            f"p = {decision.p_value:.3g} {'<=' if passed else '>'} {level:.3g}"
+        )
+        return decision.model_copy(
+            update={"accepted": decision._won and passed, "alpha": level, "reason": f"{decision.reason}; {note}"}
+        )
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         rollouts = await ctx.executor.run(

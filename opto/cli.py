@@ -266,6 +266,8 @@ def _report(args: argparse.Namespace) -> int:
     if summary.first_test_score is not None:
         test = f"  test score {summary.first_test_score:.3f} -> {summary.last_test_score:.3f}"
     print(f"steps: {summary.steps}  accepted: {summary.accepted}  rejected: {summary.rejected}{test}")
+    if summary.diagnosis:
+        print(f"why: {summary.diagnosis}")
     return 0
 
 
@@ -706,11 +708,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The library's messages name its Python arguments; the command's user types options.
+_COMMAND_WORDS = (
+    ("pass resume=True (--resume)", "add --resume"),
+    ("pass resume=True", "add --resume"),
+    ("train(..., resume=True)", "the same command with --resume"),
+    ("resume=True", "--resume"),
+    ("choose another run_dir", "choose another --run-dir"),
+)
+
+
+def in_command_words(text: str) -> str:
+    """A library message as the `opto` command's user should read it."""
+    for python, option in _COMMAND_WORDS:
+        text = text.replace(python, option)
+    return text
+
+
+class _CommandWords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = in_command_words(record.getMessage()), None
+        return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(found, _CommandWords) for found in handler.filters):
+            handler.addFilter(_CommandWords())
     try:
         return args.handler(args)
     except KeyboardInterrupt:
@@ -718,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a clear one-line message instead of a traceback
         logging.getLogger("opto").debug("command failed", exc_info=True)
-        print(f"opto {args.command}: error: {exc}", file=sys.stderr)
+        print(f"opto {args.command}: error: {in_command_words(str(exc))}", file=sys.stderr)
         return 1
 
 

@@ -20,6 +20,7 @@ from ._io import atomic_write_text, read_jsonl
 from .errors import MissingFileError
 from .ledger import RunDir
 from .report_stages import is_stage_run, stage_report
+from .trainer.diagnosis import best_rejected_win, is_rejected_win, summarize
 
 __all__ = ["PLOT_SKIPPED", "ReportSummary", "write_report"]
 
@@ -54,6 +55,9 @@ class ReportSummary(BaseModel):
     # Set when no picture was drawn (matplotlib is not installed): why, and the extra that
     # adds it. `png` then names where the picture would have gone; it was not written.
     plot_skipped: str | None = None
+    # Why nothing was accepted, or why a candidate that scored above the current values was
+    # rejected (`opto.trainer.diagnosis`, from the ledger's decisions); None: nothing to say.
+    diagnosis: str | None = None
 
 
 # The quick-start install (`.[local]`) has no matplotlib: the report still gives the
@@ -106,9 +110,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     skipped = _plot_skipped()
     points, legend = ({}, []) if skipped else _plot(png, steps, tests, title, intervals)
     markdown = target / "report.md"
-    atomic_write_text(markdown, _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened))
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
+    diagnosis = _diagnosis(decisions, len(steps), accepted, sum(1 for m in steps if m.get("accepted") is None))
+    atomic_write_text(
+        markdown, _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened, diagnosis)
+    )
     pool = [r for r in ledger if r.get("type") == "pool"]
     lineage = _lineage(target / "lineage.png", pool, decisions) if pool and not skipped else None
     costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None] if not skipped else []
@@ -132,6 +139,16 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         lineage_edges=lineage[1] if lineage else 0,
         cost_png=str(target / "score_vs_cost.png") if costed else None,
         plot_skipped=skipped,
+        diagnosis=diagnosis,
+    )
+
+
+def _diagnosis(decisions: dict[int, list[dict[str, Any]]], steps: int, accepted: int, no_update: int) -> str | None:
+    """The run's diagnosis, as `TrainResult.diagnosis` gives it, from the ledger's decisions."""
+    found = [{**d, "step": step} for step, those in decisions.items() for d in those]
+    wins = [d for d in found if is_rejected_win(d)]
+    return summarize(
+        steps=steps, accepted=accepted, no_update=no_update, rejected_wins=len(wins), best=best_rejected_win(wins)
     )
 
 
@@ -323,16 +340,29 @@ def _markdown(
     ledger: list[dict[str, Any]],
     intervals: dict[int, list[float]],
     screening: tuple[int, int, int],
+    diagnosis: str | None = None,
 ) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
     lines += [f"{len(steps)} steps, {state}.", ""]
+    failed = {int(step): n for step, n in (checkpoint.get("test_failed") or {}).items()}
     if tests:
         shown = [
-            f"step {s}: {v:.3f}" + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
+            f"step {s}: {v:.3f}"
+            + (f" [{intervals[s][0]:.3f}, {intervals[s][1]:.3f}]" if s in intervals else "")
+            + (f" ({failed[s]} failed)" if failed.get(s) else "")
             for s, v in tests
         ]
         lines += ["Test scores (95% intervals in brackets): " + ", ".join(shown), ""]
+    if sum(checkpoint.get("train_failed") or []) or any(failed.values()):
+        lines += [
+            f"Failed rollouts (the agent or guide raised; each scored as min_score in the means): "
+            f"{sum(checkpoint.get('train_failed') or [])} in training batches, "
+            f"{sum(failed.values())} in test evaluations.",
+            "",
+        ]
+    if diagnosis:
+        lines += [f"**Why:** {diagnosis}", ""]
     screened, out, saved = screening
     if screened:
         lines += [

@@ -142,6 +142,19 @@ def check_training_example(outputs: list[str], setting: Setting) -> None:
     assert (setting.folder / "runs" / "qa" / "ledger.jsonl").exists()
 
 
+def check_getting_started(outputs: list[str], setting: Setting) -> None:
+    """The tutorial on the embedded model ends better than it started, resumes for a
+    second epoch, and its run makes an HTML report; then the OpenAI example."""
+    from opto.cli import main
+
+    before, after = re.fullmatch(r"test score: (\S+) -> (\S+)", _last_line(outputs[2])).groups()
+    assert float(after) > float(before)
+    assert re.fullmatch(r"after 2 epochs: \S+ \(8 steps\)", _last_line(outputs[4]))
+    assert main(["report", str(setting.folder / "runs" / "verbs"), "--html"]) == 0
+    assert (setting.folder / "runs" / "verbs" / "report.html").exists()
+    check_training_example(outputs[6:], setting)
+
+
 def check_agents_page(outputs: list[str], setting: Setting) -> None:
     assert _last_line(outputs[0]) == "{'prompt': 'Reply in digits.'} 2"
     # two calls (the tool call, then the answer) in each of the train and validation rollouts
@@ -193,7 +206,7 @@ def check_exceptions_page(outputs: list[str], setting: Setting) -> None:
 
 CHECKS: dict[str, Callable[[list[str], Setting], None]] = {
     "README.md": check_training_example,
-    "docs/getting-started.md": check_training_example,
+    "docs/getting-started.md": check_getting_started,
     "docs/guides/agents.md": check_agents_page,
     "docs/guides/search.md": check_search_page,
     "docs/guides/prompts-to-weights.md": check_weights_page,

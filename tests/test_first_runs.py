@@ -25,6 +25,8 @@ from opto import (
     ScriptedModel,
     TooManyFailures,
 )
+from opto.cli import main
+from opto.report import write_report
 
 FIX = "Answer with one word: positive or negative."
 WORDS = ["good", "great", "fine", "lovely", "bad", "awful", "poor", "sad"]
@@ -103,14 +105,17 @@ def test_a_harmful_proposal_is_never_kept(n, batch_size):
     assert agent.instruction.value == FIX and result.final_test_score == 1.0
 
 
-def test_a_crashed_example_lowers_the_reported_score():
+def test_a_crashed_example_lowers_the_reported_score(tmp_path):
     agent = Sentiment(instruction=FIX, crash_on="review 102")
     result = AggregatedUpdate(agent, Optimizer(brain())).train(
         ExactMatchGuide(), sentiment_data(8), test_dataset=sentiment_data(5, offset=100), batch_size=4,
-        progress=False,
+        run_dir=tmp_path, progress=False,
     )
     assert result.final_test_score == pytest.approx(0.8)  # 4 of 5: the KeyError counts as wrong
     assert result.final_test_failed == 1 and result.initial_test_failed == 1
+    report = write_report(tmp_path)
+    assert report.last_test_score == pytest.approx(0.8)
+    assert "step 2: 0.800" in (tmp_path / "report.md").read_text() and "(1 failed)" in (tmp_path / "report.md").read_text()
 
 
 def test_failures_left_out_only_when_asked():
@@ -159,7 +164,7 @@ def test_a_bad_option_is_an_opto_error_naming_it(option, value):
         )
 
 
-def test_a_run_that_learns_nothing_says_why(tmp_path, caplog):
+def test_a_run_that_learns_nothing_says_why(tmp_path, caplog, capsys):
     # Batches of 8 where 2 examples are fixed and none broken: p = 1/4 > 0.1, so the
     # small-data test rejects the win; the result says so and what would change it.
     class Partial(Sentiment):
@@ -179,6 +184,10 @@ def test_a_run_that_learns_nothing_says_why(tmp_path, caplog):
     assert "p <= 0.1" in why and "batch_size" in why and "validation=" in why and "alpha=" in why
     assert any(why in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert json.loads((tmp_path / "checkpoint.json").read_text())["best_rejected_win"]["wins"] == 2
+    # opto report finds the same in the ledger
+    assert main(["report", str(tmp_path)]) == 0
+    assert f"why: {why}" in capsys.readouterr().out
+    assert f"**Why:** {why}" in (tmp_path / "report.md").read_text()
 
 
 def test_a_run_whose_proposals_do_not_help_says_so():
@@ -187,3 +196,16 @@ def test_a_run_whose_proposals_do_not_help_says_so():
     )
     assert result.accepted == 0 and result.rejected_wins == 0
     assert "the proposals did not help" in result.diagnosis
+
+
+def test_the_command_names_its_options_not_python_arguments(tmp_path):
+    from opto.cli import in_command_words
+    from opto.errors import RunDirError
+
+    trainer = AggregatedUpdate(Sentiment(), Optimizer(brain()))
+    trainer.train(ExactMatchGuide(), sentiment_data(8), batch_size=4, run_dir=tmp_path, progress=False)
+    with pytest.raises(RunDirError) as again:  # the library's words, for a script
+        trainer.train(ExactMatchGuide(), sentiment_data(8), batch_size=4, run_dir=tmp_path, progress=False)
+    assert "resume=True" in str(again.value)
+    said = in_command_words(str(again.value))  # the command's words, for its user
+    assert "add --resume" in said and "--run-dir" in said and "resume=True" not in said

@@ -28,7 +28,7 @@ from .errors import OptoValueError, UsageError
 from .extraction import construct_update_dict, extract_llm_suggestion
 from .llm.base import Model
 from .llm.usage import estimate_tokens
-from .optimizers import JSON_MODE, Proposal
+from .optimizers import JSON_MODE, Proposal, reply_tokens
 from .parameters import Demos, Parameter
 from .prompting import PromptTemplate
 from .schema import reply_format
@@ -101,7 +101,9 @@ class Aggregator:
         model: the aggregator's LLM (None: only demo proposals can be merged, by rule).
         template: a `PromptTemplate`, or a user-message template (text or path) that
             replaces `prompts/aggregator.user.j2`.
-        max_tokens: the reply's token limit.
+        max_tokens: the reply's token limit; "auto" (the default) sizes it to the values
+            merged (`opto.optimizers.reply_tokens`: 256 tokens plus about twice the
+            longest current or suggested value of each parameter, at most 2048).
         max_prompt_tokens: above this (estimated) prompt size, merge in groups.
         fan_in: at most this many suggestions in one prompt (None, the default: as many
             as fit `max_prompt_tokens`, so a step merges in one call whenever it can).
@@ -119,7 +121,7 @@ class Aggregator:
         model: Model | None,
         *,
         template: PromptTemplate | str | Path | None = None,
-        max_tokens: int = 4096,
+        max_tokens: int | str = "auto",
         max_prompt_tokens: int = 6000,
         fan_in: int | None = None,
         num_candidates: int = 1,
@@ -277,27 +279,31 @@ class Aggregator:
         self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion], stepsize: float, n: int, level: int
     ) -> list[Candidate]:
         messages = self._messages(params, suggestions, stepsize)
+        budget = self._reply_tokens(params, suggestions)
         completion = await self._model().complete(
-            messages,
-            response_format=self._format(params),
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            n=n,
+            messages, response_format=self._format(params), temperature=self.temperature, max_tokens=budget, n=n
         )
         sources = [src for s in suggestions for src in s.sources]
         candidates = []
         for index, text in enumerate(completion.texts):
-            candidate = await self._read(params, messages, text, completion.truncated)
+            candidate = await self._read(params, messages, text, completion.truncated, budget)
             candidate.sample_index, candidate.level, candidate.source_proposals = index, level, sources
             candidates.append(candidate)
         return candidates
+
+    def _reply_tokens(self, params: Sequence[Parameter], suggestions: Sequence[_Suggestion]) -> int:
+        if self.max_tokens != "auto":
+            return self.max_tokens  # type: ignore[return-value]
+        return reply_tokens([p for p in params if p.trainable], [s.update for s in suggestions])
 
     def _model(self) -> Model:
         if self.model is None:  # only demo lists are merged without a model, and never by a call
             raise UsageError("this Aggregator has no model to merge suggestions with")
         return self.model
 
-    async def _read(self, params: Sequence[Parameter], messages: list, text: str, truncated: bool) -> Candidate:
+    async def _read(
+        self, params: Sequence[Parameter], messages: list, text: str, truncated: bool, max_tokens: int
+    ) -> Candidate:
         """Read a candidate; an unreadable or truncated reply gets one repair request."""
         candidate = Candidate.read(params, text, messages)
         if truncated or candidate.unreadable:
@@ -311,7 +317,7 @@ class Aggregator:
                 repair,
                 response_format=self._format(params),
                 temperature=self.temperature,
-                max_tokens=self.max_tokens,
+                max_tokens=max_tokens,
             )
             truncated = retry.truncated
             candidate = Candidate.read(params, retry.text, repair, repaired=True)  # the context of the kept text

@@ -223,10 +223,14 @@ class Optimizer:
         ]
 
 
-def reply_tokens(editable: Sequence[Parameter]) -> int:
+def reply_tokens(editable: Sequence[Parameter], suggested: Sequence[dict[str, Any]] = ()) -> int:
     """The "auto" token limit of a reply rewriting `editable`: room for the reasoning and
-    the JSON around the values, and each value rewritten up to about twice its length."""
-    characters = sum(len(str(p.value)) for p in editable)
+    the JSON around the values, and each value rewritten up to about twice the length of
+    the longest of its current and `suggested` values (at about 4 characters a token)."""
+    characters = sum(
+        max([len(str(p.value)), *(len(str(update[p.name])) for update in suggested if p.name in update)])
+        for p in editable
+    )
     return min(2048, 256 + characters // 2)
 
 

@@ -95,6 +95,7 @@ def _run_body(run: RunDir, summary: ReportSummary) -> str:
             else ""
         )
         + ".</p>",
+        *([f'<p class="why"><strong>Why:</strong> {_e(summary.diagnosis)}</p>'] if summary.diagnosis else []),
         "<h2>Learning curve</h2>",
         _image(Path(summary.png), "learning curve: batch, candidate and test scores with 95% intervals", summary),
     ]

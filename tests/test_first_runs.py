@@ -188,6 +188,8 @@ def test_a_run_that_learns_nothing_says_why(tmp_path, caplog, capsys):
     assert main(["report", str(tmp_path)]) == 0
     assert f"why: {why}" in capsys.readouterr().out
     assert f"**Why:** {why}" in (tmp_path / "report.md").read_text()
+    assert main(["report", str(tmp_path), "--html"]) == 0
+    assert "<strong>Why:</strong> No candidate was accepted" in (tmp_path / "report.html").read_text()
 
 
 def test_a_run_whose_proposals_do_not_help_says_so():

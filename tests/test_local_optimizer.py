@@ -82,3 +82,20 @@ def test_a_step_with_the_embedded_model_as_optimizer_takes_seconds():
     # the bound is generous for a slow machine).
     assert model.usage.completion_tokens <= model.usage.calls * (256 + len("Answer the question.") // 2)
     assert elapsed < 120, f"one step took {elapsed:.0f} s"
+
+
+def test_the_aggregator_sizes_its_reply_to_the_longest_suggestion():
+    suggestions = iter(["Say yes.", "Say yes, always, whatever the question is about."])
+
+    def reply(messages):
+        if "merge several suggested updates" in messages[0]["content"]:
+            return json.dumps({"suggestion": {"prompt": "Say yes."}})
+        return json.dumps({"suggestion": {"prompt": next(suggestions)}})
+
+    brain = ScriptedModel(reply)
+    AggregatedUpdate(Echo(), Optimizer(brain), proposals="per_instance").train(
+        ExactMatchGuide(), [("q1", "yes"), ("q2", "yes")], batch_size=2, progress=False
+    )
+    merged = [r for r in brain.requests if "merge several" in r["messages"][0]["content"]]
+    longest = len("Say yes, always, whatever the question is about.")
+    assert [r["max_tokens"] for r in merged] == [256 + longest // 2]

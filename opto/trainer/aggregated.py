@@ -80,7 +80,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             (e.g. `[Optimizer(llm), DemoProposer()]`); each is asked for every instance.
         llm: the aggregator's model (the first `Optimizer`'s model when None; with only
             demo proposers none is needed, as demo lists are merged by rule).
-        max_tokens: the aggregator reply's token limit.
+        max_tokens: the aggregator reply's token limit ("auto": sized to the values merged).
         aggregator: a configured `Aggregator` (then `llm` and `max_tokens` are unused).
         concurrency: agent runs and LLM calls the trainer starts at once.
         executor: where rollouts run (`opto.RolloutExecutor`; default in-process asyncio).
@@ -130,7 +130,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         agent: Agent,
         optimizer: Proposer | Sequence[Proposer],
         llm: Model | None = None,
-        max_tokens: int = 4096,
+        max_tokens: int | str = "auto",
         *,
         aggregator: Aggregator | None = None,
         concurrency: int = 16,

@@ -152,7 +152,7 @@ def check_getting_started(outputs: list[str], setting: Setting) -> None:
     assert re.fullmatch(r"after 2 epochs: \S+ \(8 steps\)", _last_line(outputs[4]))
     assert main(["report", str(setting.folder / "runs" / "verbs"), "--html"]) == 0
     assert (setting.folder / "runs" / "verbs" / "report.html").exists()
-    check_training_example(outputs[6:], setting)
+    check_training_example(outputs[5:], setting)
 
 
 def check_agents_page(outputs: list[str], setting: Setting) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "MinibatchValidation",
     "NoValidation",
     "Validation",
+    "by_score",
     "make_validation",
 ]
 
@@ -227,7 +228,7 @@ class MinibatchValidation(Validation):
         """Test only the best candidate on the batch, at the step's level; reject the others."""
         if len(decisions) < 2:
             return decisions
-        best = max(range(len(decisions)), key=lambda i: (_score_key(decisions[i]), -i))
+        best = max(range(len(decisions)), key=lambda i: (by_score(decisions[i]), -i))
         chosen = decisions[best]
         found = []
         for index, decision in enumerate(decisions):
@@ -415,7 +416,7 @@ def _paired_scores(current: Sequence[Rollout], candidate: Sequence[Rollout]) -> 
     ]
 
 
-def _score_key(decision: Decision) -> float:
+def by_score(decision: Decision) -> float:
     """Sort key: the candidate's score, unscored last."""
     return float("-inf") if decision.candidate_score is None else decision.candidate_score
 

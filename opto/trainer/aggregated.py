@@ -47,6 +47,7 @@ from ..search.acceptance import (
     MinibatchValidation,
     Validation,
     ValidationContext,
+    by_score,
     make_validation,
 )
 from ..search.batching import ProposalBatching, make_batching
@@ -416,10 +417,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
         if not accepted:
-            best = max(decisions, key=_by_score)
+            best = max(decisions, key=by_score)
             record.accepted, record.candidate_score, record.note = False, best.candidate_score, best.reason
             return record
-        decision, winner = max(accepted, key=lambda pair: _by_score(pair[0]))
+        decision, winner = max(accepted, key=lambda pair: by_score(pair[0]))
         self.agent.apply(winner.update)
         ctx.emit(AppliedEvent(step=ctx.step, candidate_id=winner.candidate_id, update=winner.update))
         record.accepted, record.candidate_score = True, decision.candidate_score
@@ -655,11 +656,6 @@ def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]
     if len(set(names)) != len(names):
         raise OptoValueError(f"proposers need distinct names to tell their proposals apart in the ledger, got {names}")
     return proposers
-
-
-def _by_score(decision: Decision) -> float:
-    """Sort key: the candidate's score, unscored last."""
-    return float("-inf") if decision.candidate_score is None else decision.candidate_score
 
 
 def _why_none(proposals: Sequence[Proposal], candidates: Sequence[Candidate]) -> str:

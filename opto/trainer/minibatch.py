@@ -521,7 +521,7 @@ class Minibatch:
         observers.call("on_train_end", result)
         _log_end(result)
         if failure is not None:  # saved above; the caller's script must not go on as if it had trained
-            raise _stopped_by_failures(failure, result, run_dir)
+            raise _stopped_by_failures(failure, result, run_dir) from failure
         return result
 
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
@@ -565,9 +565,8 @@ class Minibatch:
         state.train_failed.append(
             sum(1 for e in record.events if isinstance(e, RolloutEvent) and e.phase == "train" and e.error)
         )
-        wins = [
-            {**d.model_dump(mode="json"), "step": ctx.step} for d in record.decisions if is_rejected_win(d.model_dump())
-        ]
+        decisions = [{**d.model_dump(mode="json"), "step": ctx.step} for d in record.decisions]
+        wins = [d for d in decisions if is_rejected_win(d)]
         state.rejected_wins += len(wins)
         state.best_rejected_win = best_rejected_win(wins, state.best_rejected_win)
         if record.accepted is True:
@@ -747,7 +746,7 @@ def _log_end(result: TrainResult) -> None:
     if sum(result.train_failed):
         logger.warning("%d training rollouts failed (the agent or guide raised)", sum(result.train_failed))
     if result.diagnosis:
-        # Nothing learned deserves a warning, shown without any logging set up; a rejected win beside accepted ones is information.
+        # Nothing learned is a warning (shown with no logging set up); a rejected win beside accepted ones, information.
         (logger.warning if not result.accepted else logger.info)("%s", result.diagnosis)
 
 

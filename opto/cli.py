@@ -50,10 +50,10 @@ def _demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; the run is saved: opto demo --run-dir {run_dir} --resume continues it", file=sys.stderr)
         return 130
-    except TooManyFailures as exc:
-        raise SystemExit(
-            f"opto demo: stopped: {str(exc).split('; the run is saved', 1)[0]}\n"
-            f"the run is saved: fix the cause, then opto demo --run-dir {run_dir} --resume continues it"
+    except TooManyFailures as exc:  # said again in the command's words: how to resume it
+        raise TooManyFailures(
+            f"{str(exc).split('; the run is saved', 1)[0]}; the run is saved: fix the cause, then "
+            f"opto demo --run-dir {run_dir} --resume continues it"
         ) from None
     finally:
         model.close()
@@ -95,15 +95,20 @@ def _demo(args: argparse.Namespace) -> int:
 def _demo_run_dir(args: argparse.Namespace) -> str:
     """The demo's run directory, refused up front in the command's own words when
     --resume has nothing to continue or a new run would overwrite one."""
+    from .errors import RunDirError
+
     if args.resume and not args.run_dir:
-        raise SystemExit("opto demo: --resume needs --run-dir DIR, the run to continue (the demo printed it)")
+        raise OptoValueError("--resume needs --run-dir DIR, the run to continue (the demo printed it when it started)")
     run_dir = args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}"
     started = (Path(run_dir) / "checkpoint.json").exists()
     if args.resume and not started:
-        raise SystemExit(f"opto demo: {run_dir} holds no demo run to resume; leave out --resume to start one there")
+        raise RunDirError(
+            f"{run_dir} holds no demo run to resume (no checkpoint.json); leave out --resume to start one"
+        )
     if started and not args.resume:
-        raise SystemExit(
-            f"opto demo: {run_dir} already holds a run; add --resume to continue it, or choose another --run-dir"
+        raise RunDirError(
+            f"{run_dir} already holds a run (its checkpoint.json); add --resume to continue it, or choose another "
+            "--run-dir"
         )
     return run_dir
 

@@ -87,10 +87,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         executor: where rollouts run (`opto.RolloutExecutor`; default in-process asyncio).
         validation: "auto" (the default: hold out a validation split from the training data,
             `holdout`, and accept with `MinibatchFirst(split, race=8, accept_ties=True)`; on
-            a training set too small to split, candidates are accepted on the batch, with a
-            paired test, `MinibatchValidation(alpha=0.1)`, when batches have at least 4
-            examples; with several candidates only the best on the batch is tested, see
-            `MinibatchValidation`), "minibatch" (re-run the batch with the
+            a training set too small to split, `MinibatchValidation(alpha=0.1)`: the step's
+            best candidate on the batch, with a paired test its batch can pass, or a strict
+            win on a batch of 2 or 3), "minibatch" (re-run the batch with the
             candidate), "none" (always accept), a dataset to validate on, or a `Validation`.
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -730,10 +731,24 @@ def in_command_words(text: str) -> str:
     return text
 
 
-class _CommandWords(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
+@contextlib.contextmanager
+def command_words() -> Iterator[None]:
+    """While the command runs, every log record it makes is in the command's words.
+
+    A record factory rather than a handler filter: training swaps the handlers for ones
+    that write above its progress bars (tqdm's), and those would not carry a filter."""
+    make_record = logging.getLogRecordFactory()
+
+    def reworded(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
         record.msg, record.args = in_command_words(record.getMessage()), None
-        return True
+        return record
+
+    logging.setLogRecordFactory(reworded)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make_record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -741,11 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(found, _CommandWords) for found in handler.filters):
-            handler.addFilter(_CommandWords())
     try:
-        return args.handler(args)
+        with command_words():
+            return args.handler(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,11 +16,11 @@ import pytest
 from opto import (
     Agent,
     AggregatedUpdate,
-    Demos,
     DemoProposer,
+    Demos,
     ExactMatchGuide,
-    OptoError,
     Optimizer,
+    OptoError,
     Parameter,
     ScriptedModel,
     TooManyFailures,
@@ -211,3 +211,17 @@ def test_the_command_names_its_options_not_python_arguments(tmp_path):
     assert "resume=True" in str(again.value)
     said = in_command_words(str(again.value))  # the command's words, for its user
     assert "add --resume" in said and "--run-dir" in said and "resume=True" not in said
+
+
+def test_log_lines_of_the_command_name_its_options(caplog):
+    import logging
+
+    from opto.cli import command_words
+
+    logger = logging.getLogger("opto.trainer.minibatch")
+    with caplog.at_level("WARNING"), command_words():
+        logger.warning("training stopped by SIGTERM after step %d (saved; resume=True continues)", 2)
+    logger.warning("after the command: resume=True")  # a script's own log lines keep the library's words
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "training stopped by SIGTERM after step 2 (saved; --resume continues)"
+    assert said[1] == "after the command: resume=True"

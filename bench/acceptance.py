@@ -39,6 +39,7 @@ import argparse
 import os
 import platform
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -64,14 +65,22 @@ def candidate_answers(rng: np.random.Generator, difficulty: np.ndarray, current:
     return np.where(flip, ~current, current)
 
 
-def acceptance_rate(rule: object, n: int, margin: float, steps: int, seed: int, model: str) -> float:
+def drawn_steps(
+    n: int, margin: float, steps: int, seed: int, model: str, candidates: int = 1
+) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Each step's current answers on n examples and its candidates' answers."""
     rng = np.random.default_rng(seed)
-    accepted = 0
     for _ in range(steps):
         difficulty = rng.uniform(0.2, 0.7, n)
         current = rng.random(n) < difficulty
-        candidate = candidate_answers(rng, difficulty, current, margin, model)
-        accepted += rule.compare("candidate", rollouts(current), rollouts(candidate), 0.0).accepted  # type: ignore[attr-defined]
+        yield current, [candidate_answers(rng, difficulty, current, margin, model) for _ in range(candidates)]
+
+
+def acceptance_rate(rule: object, n: int, margin: float, steps: int, seed: int, model: str) -> float:
+    accepted = sum(
+        rule.compare("candidate", rollouts(current), rollouts(candidate), 0.0).accepted  # type: ignore[attr-defined]
+        for current, [candidate] in drawn_steps(n, margin, steps, seed, model)
+    )
     return accepted / steps
 
 
@@ -105,14 +114,8 @@ def smallest_win(rule: str, n: int, k: int) -> int | None:
 
 
 def null_step_rate(rule: str, n: int, k: int, steps: int, seed: int, model: str) -> float:
-    rng = np.random.default_rng(seed)
-    accepted = 0
-    for _ in range(steps):
-        difficulty = rng.uniform(0.2, 0.7, n)
-        current = rng.random(n) < difficulty
-        candidates = [candidate_answers(rng, difficulty, current, 0.0, model) for _ in range(k)]
-        accepted += step_accepts(rule, current, candidates)
-    return accepted / steps
+    drawn = drawn_steps(n, 0.0, steps, seed, model, candidates=k)
+    return sum(step_accepts(rule, current, candidates) for current, candidates in drawn) / steps
 
 
 def small_data_tables(steps: int) -> None:

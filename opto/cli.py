@@ -52,9 +52,9 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"interrupted; the run is saved: opto demo --run-dir {run_dir} --resume continues it", file=sys.stderr)
         return 130
     except TooManyFailures as exc:  # said again in the command's words: how to resume it
+        cause = exc.__cause__ or exc  # train() raises it from the failure, without its Python advice
         raise TooManyFailures(
-            f"{str(exc).split('; the run is saved', 1)[0]}; the run is saved: fix the cause, then "
-            f"opto demo --run-dir {run_dir} --resume continues it"
+            f"{cause}; the run is saved: fix the cause, then opto demo --run-dir {run_dir} --resume continues it"
         ) from None
     finally:
         model.close()

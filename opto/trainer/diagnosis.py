@@ -39,7 +39,11 @@ def explain(decision: Mapping[str, Any]) -> str:
     step = decision.get("step")
     wins, losses = decision.get("wins"), decision.get("losses")
     where = "on its batch" if decision.get("validation") == "minibatch" else "where it was validated"
-    tally = f" ({wins} examples won, {losses} lost)" if wins is not None and losses is not None else ""
+    tally = (
+        f" ({wins} example{'s' if wins != 1 else ''} won, {losses} lost)"
+        if wins is not None and losses is not None
+        else ""
+    )
     said = (
         f"{'step ' + str(step) + ': ' if step is not None else ''}candidate {decision.get('candidate_id')} scored "
         f"{decision['candidate_score']:.3f} against the current {decision['current_score']:.3f} {where}{tally}"
@@ -64,7 +68,8 @@ def _needed(decision: Mapping[str, Any]) -> str:
             f"the paired test needed p <= {alpha:g} and got p = {p_value:.3g}; with 0/1 scores a win passes it "
             f"only with at least {sweep} examples won and none lost. To accept such wins: a larger batch_size, "
             "a validation set (validation=<dataset>, or 32 or more training examples for the automatic split), "
-            f"or a looser test (validation=MinibatchValidation(alpha={min(0.5, 2 * alpha):g}))"
+            f"or a looser test (validation=MinibatchValidation(alpha=...): this win needed a level of {p_value:.3g}, "
+            "times the number of candidates a step tests on its batch)"
         )
     if decision.get("stage") == "race":
         return "it fell behind on the validation set part-way (a race): the batch's win did not hold up there"

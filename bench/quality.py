@@ -1,7 +1,7 @@
 """Quality benchmark: which search strategy finds real improvements, at what cost.
 
 Tasks x strategies x seeds, on the embedded SmolLM2-135M by default (or any OpenAI-
-compatible endpoint with --base-url/--model). The agent is `opto.demo.FewShotAgent`
+compatible endpoint with --base-url/--model). The agent is `opto.recipes.demo.FewShotAgent`
 (a system prompt and a `Demos` list). Strategies:
 
 - optimizer: the LLM `Optimizer` alone (prompt rewrites), greedy acceptance;
@@ -39,9 +39,9 @@ import time
 from typing import Any
 
 from opto import AggregatedUpdate, Aggregator, DemoProposer, ExactMatchGuide, MinibatchFirst, Optimizer, evaluate
-from opto.data import Example
+from opto.core.data import Example
 from opto.datasets import bigbench
-from opto.demo import FewShotAgent, majority_baseline
+from opto.recipes.demo import FewShotAgent, majority_baseline
 from opto.llm import LocalModel, Model, OpenAIModel
 
 # name: (proposers, selection, more AggregatedUpdate settings; "first" stands for

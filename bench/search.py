@@ -41,7 +41,7 @@ from gepa_rows import run_gepa  # noqa: E402
 from landscapes import ITEM, LANDSCAPES, Landscape, failures_in, prompt_of, rules_of  # noqa: E402
 
 from opto import Agent, AggregatedUpdate, Callback, ExactMatchGuide, MaxCalls, MinibatchFirst, Optimizer  # noqa: E402
-from opto.trainer.validation import DatasetValidation  # noqa: E402
+from opto.search.validation import DatasetValidation  # noqa: E402
 from opto import Parameter, ScriptedModel  # noqa: E402
 
 Curve = list[tuple[int, float]]

@@ -36,7 +36,7 @@ from typing import Any
 
 from opto import Agent, AggregatedUpdate, Callback, Constraint, ExactMatchGuide, Optimizer, Parameter, ScriptedModel
 from opto.search import TPEProposer
-from opto.trainer.validation import DatasetValidation
+from opto.search.validation import DatasetValidation
 
 PEAK, BEST = 1.23, 0.85
 

@@ -1,4 +1,4 @@
-"""Benchmark: prompts, then weights, on the embedded SmolLM2-135M-Instruct (`opto.weights`).
+"""Benchmark: prompts, then weights, on the embedded SmolLM2-135M-Instruct (`opto.recipes.prompts_then_weights`).
 
 For each task and seed, the chain `opto demo --finetune sft` runs (zero-shot, the prompt
 stage, SFT on the optimized agent's correct answers asked zero-shot, the prompt again
@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from opto.stats import paired_test, score_interval
-from opto.weights import WeightsReport, prompts_then_weights
+from opto.core.stats import paired_test, score_interval
+from opto.recipes.prompts_then_weights import WeightsReport, prompts_then_weights
 
 SETTINGS = {"train_n": 12, "validation_n": 24, "test_n": 64, "collect_n": 256, "samples": 4, "temperature": 0.7}
 

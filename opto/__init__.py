@@ -13,43 +13,31 @@ rest: `opto.llm` (every model backend and tracing helper), `opto.search`, `opto.
 from ._version import __version__ as __version__
 
 # Core: agents and their parameters.
-from .agent import Agent, agent
-from .parameters import Constraint, Demos, Parameter, ParameterError, assign
-from .prompting import PromptTemplate
+from .core.agent import Agent, agent
+from .core.parameters import Constraint, Demos, Parameter, ParameterError, assign
+from .core.prompting import PromptTemplate
 
 # Training: the trainers, evaluation, collection, run directories and callbacks.
-from .callbacks import Callback
-from .collect import CollectResult, acollect, collect
-from .events import LEDGER_VERSION, LedgerEvent, StepRecord
-from .ledger import RunDir
-from .rollout import AsyncioExecutor, Rollout, RolloutExecutor
-from .tracking import MLflowCallback
-from .trainer import (
-    AggregatedUpdate,
-    EvalResult,
-    Minibatch,
-    TooManyFailures,
-    TrainResult,
-    aevaluate,
-    evaluate,
-)
+from .core.rollout import Rollout
+from .executors.local import AsyncioExecutor, RolloutExecutor
+from .report.tracking import MLflowCallback
+from .run.callbacks import Callback
+from .run.events import LEDGER_VERSION, LedgerEvent, StepRecord
+from .run.ledger import RunDir
+from .run.results import EvalResult, TrainResult
+from .trainer.aggregated import AggregatedUpdate
+from .trainer.collection import CollectResult, acollect, collect
+from .trainer.evaluation import aevaluate, evaluate
+from .trainer.failures import TooManyFailures
+from .trainer.minibatch import Minibatch
 
-# Search: proposers, the aggregator, candidate selection, validation and stopping.
-from .aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
-from .optimizers import BatchProposer, DemoProposer, Optimizer, Proposal, Proposer
-from .search import (
-    DatasetValidation,
-    EpsilonGreedy,
-    Greedy,
-    HoldOut,
-    MinibatchFirst,
-    MinibatchValidation,
-    NoValidation,
-    Pareto,
-    TopK,
-    TPEProposer,
-    Validation,
-)
+# Search: proposers, the aggregator, candidate selection, validation, stopping, and the
+# registry that turns their names into objects.
+from .search.aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
+from .search.holdout import HoldOut
+from .search.proposers import BatchProposer, DemoProposer, Optimizer, Proposal, Proposer
+from .search.registry import register
+from .search.selection import EpsilonGreedy, Greedy, Pareto, TopK
 from .search.stopping import (
     AllOf,
     AnyOf,
@@ -61,6 +49,8 @@ from .search.stopping import (
     StopFile,
     TargetScore,
 )
+from .search.tpe import TPEProposer
+from .search.validation import DatasetValidation, MinibatchFirst, MinibatchValidation, NoValidation, Validation
 
 # Models: the backends most runs use (the rest are in opto.llm).
 from .llm import (
@@ -76,8 +66,8 @@ from .llm import (
 )
 
 # Data and guides.
-from .data import DataLoader, DatasetError, Example, load_dataset
-from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
+from .core.data import DataLoader, DatasetError, Example, load_dataset
+from .core.guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 
 # Errors: the root, the argument errors, and the model layer's tree.
 from .errors import (
@@ -167,6 +157,7 @@ __all__ = [
     "Validation",
     "construct_update_dict",
     "extract_llm_suggestion",
+    "register",
     # Models
     "Budget",
     "Completion",

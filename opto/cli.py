@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .datasets import bigbench_tasks
 from .errors import OptoValueError
-from .preference import FORMATS, SOURCES
+from .preference import SOURCES
+from .search import registry
 
 if TYPE_CHECKING:
     from .finetune import TrainerAdapter, TrainingJobStatus
@@ -24,7 +25,7 @@ __all__ = ["main"]
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .recipes.demo import run_demo
     from .trainer.failures import TooManyFailures
 
     if args.finetune:
@@ -115,7 +116,7 @@ def _demo_run_dir(args: argparse.Namespace) -> str:
 
 
 def _prompts_then_weights(args: argparse.Namespace) -> int:
-    from .weights import prompts_then_weights
+    from .recipes.prompts_then_weights import prompts_then_weights
 
     if args.model or args.base_url:
         raise SystemExit(
@@ -182,10 +183,10 @@ def _demo_model(args: argparse.Namespace) -> Any:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from .collect import collect
+    from .core.guides import ExactMatchGuide
     from .datasets import bigbench
-    from .demo import FewShotAgent
-    from .guides import ExactMatchGuide
+    from .recipes.demo import FewShotAgent
+    from .trainer.collection import collect
 
     model = _demo_model(args)
     executor = None
@@ -256,8 +257,8 @@ def _fake_server(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import write_report
-    from .report_html import write_html_report
+    from .report.html import write_html_report
+    from .report.markdown import write_report
 
     summary = (write_html_report if args.html else write_report)(args.run_dir, args.out)
     # Without matplotlib the picture was not written, so it is not named.
@@ -342,7 +343,7 @@ def _hyperparameters(items: Sequence[str] | None) -> dict[str, object]:
 def _finetune(args: argparse.Namespace) -> int:
     import asyncio
 
-    from ._io import atomic_write_json
+    from ._util.files import atomic_write_json
 
     adapter = _finetune_adapter(args)
     state = getattr(args, "state", None)
@@ -361,7 +362,7 @@ def _finetune(args: argparse.Namespace) -> int:
             ref = await adapter.submit(args.target, validation_dataset=args.validation_file)
             print(f"submitted job {ref.job_id} ({adapter.backend}, {ref.method}, base model {ref.base_model})")
             if state:
-                atomic_write_json(state, adapter.state_dict())  # type: ignore[attr-defined]
+                atomic_write_json(state, adapter.state_dict())
                 print(f"saved the adapter state to {state} (no key)")
             if args.backend in ("trl", "art"):
                 print(
@@ -394,7 +395,7 @@ def _finetune_adapter(args: argparse.Namespace) -> TrainerAdapter:
         )
     if args.action != "submit" and args.state:
         saved = json.loads(Path(args.state).read_text(encoding="utf-8"))
-        restore = NeMoCustomizerAdapter if args.backend == "nemo" else OpenAIFineTuneAdapter
+        restore: type[TrainerAdapter] = registry.lookup("finetune backend", args.backend)
         return restore.from_state_dict(saved)
     submit = args.action == "submit"
     model = getattr(args, "model", None)
@@ -482,7 +483,10 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("run_dir", help="the run directory (holding ledger.jsonl), or its ledger.jsonl")
     export.add_argument("--source", choices=[*SOURCES, "all"], default="all", help="which turns to use (default all)")
     export.add_argument(
-        "--format", choices=list(FORMATS), default="openai-dpo", help="the output format (default openai-dpo)"
+        "--format",
+        choices=registry.names("preference format"),
+        default="openai-dpo",
+        help="the output format (default openai-dpo)",
     )
     export.add_argument("--out", required=True, help="the JSONL file to write")
     export.add_argument(
@@ -534,7 +538,7 @@ def _add_finetune_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("target", help=target)
         sub.add_argument(
             "--backend",
-            choices=["openai", "nemo", "trl", "art"],
+            choices=registry.names("finetune backend"),
             default="openai",
             help="openai: any OpenAI-compatible fine-tuning API (default); nemo: NVIDIA NeMo "
             "Customizer; trl: local DPO; art: GRPO on trajectory groups (OpenPipe ART)",
@@ -607,7 +611,7 @@ class _VersionAction(argparse.Action):
     """`--version`, computed only when asked: finding clashing packages scans every installed one."""
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        from ._installed import version_text
+        from ._util.installed import version_text
 
         print(version_text())
         parser.exit()

@@ -7,7 +7,7 @@ import pytest
 
 from opto import Agent, Constraint, Example, Feedback, Guide, Parameter, ParameterError, agent
 from opto.llm import ScriptedModel
-from opto.rollout import run_rollout, run_rollouts, values_digest
+from opto.core.rollout import run_rollout, run_rollouts, values_digest
 
 
 class Retriever(Agent):

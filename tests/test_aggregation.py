@@ -274,7 +274,7 @@ async def test_max_prompt_tokens_forces_groups():
     proposals = [proposal({"prompt": f"{i} {long_text}", "k": 2 + i}) for i in range(4)]
 
     probe = Aggregator(ScriptedModel([]))
-    from opto.aggregation import dedupe  # the same suggestions the aggregator builds
+    from opto.search.aggregation import dedupe  # the same suggestions the aggregator builds
 
     suggestions = dedupe(proposals)
     two = probe._prompt_tokens([p for p in params() if p.trainable], suggestions[:2], 0.5)

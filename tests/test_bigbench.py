@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from opto.data import Example, load_dataset
+from opto.core.data import Example, load_dataset
 from opto.datasets import SPLIT_FRACTIONS, bigbench, bigbench_tasks
 
 TASKS = ["object_counting", "word_sorting", "sports_understanding", "logical_deduction_three_objects", "plural",
@@ -102,7 +102,7 @@ def test_shipped_files_keep_the_canary_and_attribution() -> None:
 
 # --- any BIG-bench task file --------------------------------------------------------------
 
-from opto.data import DatasetError  # noqa: E402
+from opto.core.data import DatasetError  # noqa: E402
 from opto.datasets import load_bigbench  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Tests of opto.data: dataset shapes, row errors and the resumable DataLoader."""
+"""Tests of opto.core.data: dataset shapes, row errors and the resumable DataLoader."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opto.data import DataLoader, DatasetError, Example, load_dataset
+from opto.core.data import DataLoader, DatasetError, Example, load_dataset
 
 # --- Example ---------------------------------------------------------------------------
 

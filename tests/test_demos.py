@@ -23,9 +23,9 @@ from opto import (
     RunDir,
     assign,
 )
-from opto.demo_rules import add_demo, merge_demo_lists
+from opto.search.demo_rules import add_demo, merge_demo_lists
 from opto.llm import ScriptedModel
-from opto.rollout import Rollout
+from opto.core.rollout import Rollout
 
 # --------------------------------------------------------------------------- Demos
 

@@ -46,8 +46,8 @@ from opto.datasets import bigbench
 from opto.executors import WorkerError, WorkerLost
 from opto.finetune import OpenAIFineTuneAdapter, switch_model
 from opto.llm import LLMError
-from opto.stats import paired_change
-from opto.weights import prompts_then_weights
+from opto.core.stats import paired_change
+from opto.recipes.prompts_then_weights import prompts_then_weights
 
 PACKAGE = Path(opto.__file__).resolve().parent
 

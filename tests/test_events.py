@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from opto import AggregatedUpdate, Aggregator, Callback, ExactMatchGuide, Optimizer, RunDir
-from opto.events import LEDGER_VERSION, DecisionEvent, ProposalEvent, RolloutEvent, StepRecord, parse_event
+from opto.run.events import LEDGER_VERSION, DecisionEvent, ProposalEvent, RolloutEvent, StepRecord, parse_event
 from opto.llm import ScriptedModel
 from opto.preference import export_run
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from opto.cli import main
 from opto.datasets import bigbench
-from opto.ledger import RunDir
+from opto.run.ledger import RunDir
 from opto.testing import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent

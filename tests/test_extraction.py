@@ -19,7 +19,7 @@ from opto.extraction import (
     extract_llm_suggestion,
     extract_with_method,
 )
-from opto.parameters import Constraint, Parameter
+from opto.core.parameters import Constraint, Parameter
 
 # ------------------------------------------------------------- one test per strategy
 
@@ -409,7 +409,7 @@ def test_unchanged_values_are_dropped_silently() -> None:
 
 
 def test_unchanged_compares_stored_value_not_assigned_override() -> None:
-    from opto.parameters import assign
+    from opto.core.parameters import assign
 
     param = Parameter("stored", name="prompt")
     with assign({param: "override"}):

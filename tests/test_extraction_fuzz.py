@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opto import Parameter, construct_update_dict, extract_llm_suggestion
-from opto._io import to_json_line
-from opto.llm import redaction
+from opto._util.files import to_json_line
+from opto._util import redaction
 from opto.extraction import extract_with_method
 
 # OPTO_FUZZ_EXAMPLES sets how many replies hypothesis generates (CI runs the default).

@@ -16,7 +16,7 @@ from opto.finetune import (
     NeMoCustomizerAdapter,
     switch_model,
 )
-from opto.finetune.switch import recorded_switches
+from opto.run.switches import recorded_switches
 from opto.preference import DatasetFormatError
 from opto.testing import FakeNeMoCustomizer
 

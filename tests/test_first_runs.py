@@ -26,7 +26,7 @@ from opto import (
     TooManyFailures,
 )
 from opto.cli import main
-from opto.report import write_report
+from opto.report.markdown import write_report
 
 FIX = "Answer with one word: positive or negative."
 WORDS = ["good", "great", "fine", "lovely", "bad", "awful", "poor", "sad"]

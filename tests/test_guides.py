@@ -1,4 +1,4 @@
-"""Tests of opto.guides: Feedback, exact match, score parsing and the LLM judge."""
+"""Tests of opto.core.guides: Feedback, exact match, score parsing and the LLM judge."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from opto.guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide, parse_score
+from opto.core.guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide, parse_score
 from opto.llm.errors import BudgetExceeded, LLMUnavailableError
 from opto.llm.scripted import ScriptedModel
 

@@ -22,7 +22,7 @@ from opto.llm.otel import trace_otel  # noqa: E402
 from opto.llm.reported import ignored_token_counts, reported_tokens  # noqa: E402
 from opto.llm.types import TokenUsage  # noqa: E402
 from opto.llm.usage import budget_scope, meter_usage  # noqa: E402
-from opto.rollout import run_rollout  # noqa: E402
+from opto.core.rollout import run_rollout  # noqa: E402
 from opto.testing import FakeOpenAIServer, FakeReply  # noqa: E402
 
 HOSTILE = [-500, -1, "12", 3.5, True, float("nan"), float("inf"), [4], {"n": 4}]

@@ -90,7 +90,7 @@ def test_a_budget_stops_sdk_calls():
 
 
 def test_the_optimizer_prompt_shows_tool_calls_of_the_trace():
-    from opto.rollout import Rollout
+    from opto.core.rollout import Rollout
 
     trace = [{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "weather?"}], "response": "",
               "cached": False, "tool_calls": [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]}]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from opto._io import append_jsonl, atomic_write_json, read_jsonl, repair_jsonl
+from opto._util.files import append_jsonl, atomic_write_json, read_jsonl, repair_jsonl
 
 
 @pytest.mark.parametrize("value", [

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 import opto
-import opto.ledger
+import opto.run.ledger
 from opto import AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, RunDir, ScriptedModel
-from opto._io import to_json_line
+from opto._util.files import to_json_line
 from world import LevelAgent, agent_reply, dataset, make_brain
 
 DATA = dataset([0, 1, 2, 3, 4, 5])
@@ -45,7 +45,7 @@ def writes_counted(kill_at: int | None = None, torn: bool = False) -> Iterator[l
     """Count the run directory's writes; with `kill_at`, exit the process at that write
     (before it, or after writing half of an append's text when `torn`)."""
     seen: list[str] = []
-    originals = {name: getattr(opto.ledger, name) for name in WRITERS}
+    originals = {name: getattr(opto.run.ledger, name) for name in WRITERS}
 
     def counted(name: str) -> Any:
         def write(path: Any, value: Any) -> None:
@@ -60,12 +60,12 @@ def writes_counted(kill_at: int | None = None, torn: bool = False) -> Iterator[l
         return write
 
     for name in WRITERS:
-        setattr(opto.ledger, name, counted(name))
+        setattr(opto.run.ledger, name, counted(name))
     try:
         yield seen
     finally:
         for name, original in originals.items():
-            setattr(opto.ledger, name, original)
+            setattr(opto.run.ledger, name, original)
 
 
 def train_held_out(run_dir: Path, *, resume: bool = False) -> Any:
@@ -170,9 +170,9 @@ def write_fails(at: int, fraction: float, lasting: bool = False) -> Iterator[lis
     writes before it succeed, and those after it too unless the failure is `lasting`."""
     import errno
 
-    import opto._io
+    import opto._util.files
 
-    original = opto._io._write
+    original = opto._util.files._write
     count = [0]
 
     def write(fd: int, data: bytes) -> None:
@@ -184,11 +184,11 @@ def write_fails(at: int, fraction: float, lasting: bool = False) -> Iterator[lis
             raise OSError(errno.EIO, "Input/output error")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    opto._io._write = write
+    opto._util.files._write = write
     try:
         yield count
     finally:
-        opto._io._write = original
+        opto._util.files._write = original
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0], ids=["at-its-first-byte", "half-way", "at-fsync"])

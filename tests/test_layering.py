@@ -1,5 +1,9 @@
-"""opto's modules form no import circle: every module-level and function-level import
-between two of them points one way (imports under `if TYPE_CHECKING:` aside)."""
+"""opto's layout: one package per layer, imports pointing down only, no import circle.
+
+Every import counts: module-level, function-level and under `if TYPE_CHECKING:`. LAYERS
+is the order, lowest first (docs/architecture.md draws it); a module may import its own
+package and any package below it, never one above.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,27 @@ from pathlib import Path
 import opto
 
 PACKAGE = Path(opto.__file__).parent
+
+LAYERS = [
+    "opto._version",
+    "opto.errors",
+    "opto._util",
+    "opto.llm",
+    "opto.core",
+    "opto.datasets",
+    "opto.extraction",
+    "opto.executors",
+    "opto.search",
+    "opto.run",
+    "opto.trainer",
+    "opto.preference",
+    "opto.finetune",
+    "opto.report",
+    "opto.testing",
+    "opto.recipes",
+    "opto.cli",
+    "opto",  # the package's __init__: it re-exports the public names of every layer
+]
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -22,24 +47,10 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement under `node`, at any depth, except in TYPE_CHECKING blocks."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child):
-            for other in child.orelse:
-                found += _imports(ast.Module(body=[other], type_ignores=[]))
-            continue
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            found.append(child)
-        found += _imports(child)
-    return found
+    """Every import statement under `node`, at any depth (in functions and under
+    `if TYPE_CHECKING:` too)."""
+    return [child for child in ast.walk(node) if isinstance(child, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -104,17 +115,78 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def layer_of(module: str, layers: list[str]) -> int:
+    """The index in `layers` of the package (or module) that holds `module`."""
+    holders = [name for name in layers if module == name or module.startswith(name + ".")]
+    assert holders, f"{module} is in no layer: add its package to LAYERS"
+    return layers.index(max(holders, key=len))
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[str]) -> list[str]:
+    """Every import that points from a layer to one above it."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target, layers) > layer_of(module, layers)
+    )
+
+
 def test_opto_has_no_import_circle():
     graph = import_graph(PACKAGE)
-    assert len(graph) > 50 and "opto.ledger" in graph["opto.trainer.minibatch"]  # the graph was really read
+    assert len(graph) > 50 and "opto.run.ledger" in graph["opto.trainer.minibatch"]  # the graph was really read
     assert circles(graph) == []
 
 
-def test_the_base_of_callbacks_imports_nothing_above_it():
-    # opto.errors imports nothing of opto: it is the floor every module may stand on.
+def test_every_import_points_down_the_layers():
     graph = import_graph(PACKAGE)
-    assert not graph["opto.errors"]
-    assert graph["opto.callbacks"] <= {"opto.errors"}, "opto.callbacks must stay at the bottom of the layers"
+    assert "opto.run.results" in graph["opto.run.callbacks"]  # TYPE_CHECKING imports are read
+    assert upward_imports(graph, LAYERS) == []
+
+
+def test_the_floor_imports_nothing_of_opto():
+    graph = import_graph(PACKAGE)
+    assert not graph["opto.errors"] and not graph["opto._version"]
+
+
+def test_the_top_level_holds_only_entry_points():
+    modules = sorted(path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
+    assert modules == ["_version", "cli", "errors"]
+    packages = sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists())
+    assert ["opto." + name for name in packages] == sorted(name for name in LAYERS if name.count(".") == 1
+                                                           and name[5:] in packages)  # fmt: skip
+
+
+def test_no_module_only_re_exports_names_defined_elsewhere():
+    # A package's __init__ may gather its modules' names; a module must define something.
+    shims = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        body = [node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]  # fmt: skip
+        if all(isinstance(node, (ast.Import, ast.ImportFrom)) or _assigns_all(node) for node in body):
+            shims.append(str(path.relative_to(PACKAGE)))
+    assert shims == []
+
+
+def _assigns_all(node: ast.AST) -> bool:
+    return isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+
+
+def test_the_layer_check_finds_an_import_that_points_up(tmp_path):
+    package = tmp_path / "pkg"
+    for folder in ("low", "high"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "user.py").write_text("from ..low.base import thing\n")
+    (package / "low" / "base.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..high.user import thing\nthing = 1\n"
+    )
+    graph = import_graph(package)
+    assert upward_imports(graph, ["pkg.low", "pkg.high", "pkg"]) == ["pkg.low.base -> pkg.high.user"]
+    assert upward_imports(graph, ["pkg.high", "pkg.low", "pkg"]) == ["pkg.high.user -> pkg.low.base"]
 
 
 def test_the_check_finds_a_circle_made_by_a_function_level_import(tmp_path):
@@ -127,5 +199,5 @@ def test_the_check_finds_a_circle_made_by_a_function_level_import(tmp_path):
     (package / "high.py").write_text("from .sub.low import thing\n")
     (package / "side.py").write_text("import pkg.high\nif TYPE_CHECKING:\n    from .sub import low\n")
     graph = import_graph(package)
-    assert graph["pkg.sub.low"] == {"pkg.high"} and graph["pkg.side"] == {"pkg.high"}
+    assert graph["pkg.sub.low"] == {"pkg.high"} and graph["pkg.side"] == {"pkg.high", "pkg.sub.low"}
     assert circles(graph) == [["pkg.high", "pkg.sub.low"]]

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from opto.data import Example
+from opto.core.data import Example
 from opto.llm import (
     Budget,
     BudgetExceeded,
@@ -163,8 +163,8 @@ async def test_traces_of_concurrent_tasks_do_not_mix():
 async def test_records_nest_the_innermost_trace_and_reads_win_and_every_meter_counts():
     from opto import Agent, ExactMatchGuide, Parameter
     from opto.llm.usage import meter_usage
-    from opto.parameters import track_reads
-    from opto.rollout import run_rollout
+    from opto.core.parameters import track_reads
+    from opto.core.rollout import run_rollout
 
     class Echo(Agent):
         def __init__(self) -> None:

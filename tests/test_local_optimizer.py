@@ -10,7 +10,7 @@ import pytest
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter
 from opto.llm import LocalModel, ScriptedModel
 from opto.llm.repetition import cut_repetition
-from opto.optimizers import reply_tokens
+from opto.search.proposers import reply_tokens
 
 LOOP = '{"reasoning": "The feedback is that' + " the feedback is that" * 40
 

@@ -4,7 +4,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from opto import ExactMatchGuide
-from opto.tracking import MLflowCallback
+from opto.report.tracking import MLflowCallback
 from world import dataset, make_level_trainer
 
 

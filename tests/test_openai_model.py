@@ -732,7 +732,7 @@ async def test_a_key_echoed_in_an_error_is_redacted_everywhere(server, make_mode
 
 def test_the_no_key_placeholder_is_not_treated_as_a_secret(server, monkeypatch) -> None:
     from opto.llm.openai_model import NO_KEY
-    from opto.llm.redaction import redact
+    from opto._util.redaction import redact
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     model = OpenAIModel("gpt-test", base_url=server.base_url)

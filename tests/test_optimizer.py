@@ -180,7 +180,7 @@ async def test_concurrent_propose_calls_do_not_interfere():
 async def test_values_no_parameter_can_hold_are_skipped_with_the_reason_in_the_proposal():
     from opto import Optimizer, Parameter
     from opto.llm import ScriptedModel
-    from opto.rollout import Rollout
+    from opto.core.rollout import Rollout
 
     params = [Parameter(0.5, name="temperature"), Parameter("Answer.", name="prompt")]
     model = ScriptedModel(['{"suggestion": {"temperature": NaN, "prompt": "Be brief \\ud83d"}}'])

@@ -22,7 +22,7 @@ from opto.llm.errors import BudgetExceeded  # noqa: E402
 from opto.llm.instrument import instrument  # noqa: E402
 from opto.llm.otel import trace_otel  # noqa: E402
 from opto.llm.usage import budget_scope, meter_usage  # noqa: E402
-from opto.rollout import run_rollout  # noqa: E402
+from opto.core.rollout import run_rollout  # noqa: E402
 from opto.testing import FakeOpenAIServer, FakeReply  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds",

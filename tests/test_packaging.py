@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import opto
-from opto._installed import other_distributions, version_text
+from opto._util.installed import other_distributions, version_text
 from opto._version import DISTRIBUTION
 from opto.cli import main
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from opto import Constraint, Parameter, ParameterError, assign
-from opto.parameters import current_assignment
+from opto.core.parameters import current_assignment
 
 # --------------------------------------------------------------------------- types
 

@@ -17,7 +17,7 @@ from opto.preference import (
     read_turns,
     validate_jsonl,
 )
-from opto._io import json_key
+from opto._util.files import json_key
 from opto.trainer.proposal_scoring import check_score_proposals
 from world import BAD, GOOD, WORDS, Counter, counting_reply, alternating, make_run
 

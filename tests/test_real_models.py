@@ -283,7 +283,7 @@ async def test_optimizer_schema_steps_down_to_json_mode_on_llama_cpp_server(
 ) -> None:
     """The server answers an unsupported json_schema format with a 500; the model steps down."""
     from opto import Parameter
-    from opto.schema import reply_format
+    from opto.core.schema import reply_format
 
     fmt = reply_format([Parameter("Answer.", name="prompt")], ["reasoning"], "proposal")
     with caplog.at_level(logging.WARNING, logger="opto.llm.openai_model"):

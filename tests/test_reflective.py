@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter, RunDir, ScriptedModel
-from opto.search.components import RoundRobin, focused, make_component_selector
+from opto.search.components import RoundRobin, focused
+from opto.search.registry import make
 from world import dataset, make_level_trainer, requests_of
 
 TRAIN = dataset([0, 1, 2, 3, 4, 5, 6, 7])
@@ -89,7 +90,7 @@ def test_bad_search_options_are_refused_with_the_choices(bad):
     with pytest.raises(ValueError, match="must be"):
         make_level_trainer(**bad)
     with pytest.raises(ValueError, match="must be"):
-        make_component_selector("none")
+        make("components", "none")
 
 
 @pytest.mark.parametrize("options", [{"proposals": "reflective"},

@@ -6,7 +6,7 @@ import pytest
 
 from opto import ExactMatchGuide
 from opto.cli import main
-from opto.report import write_report
+from opto.report.markdown import write_report
 from world import dataset, make_level_trainer
 
 

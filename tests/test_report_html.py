@@ -14,7 +14,7 @@ import pytest
 
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter, ScriptedModel
 from opto.cli import main
-from opto.report_html import word_diff, write_html_report
+from opto.report.html import word_diff, write_html_report
 
 pytest.importorskip("matplotlib", reason="the report extra draws the pictures")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

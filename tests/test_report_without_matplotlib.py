@@ -15,8 +15,8 @@ from world import dataset, make_level_trainer
 
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Optimizer, Parameter, ScriptedModel
 from opto.cli import main
-from opto.report import PLOT_SKIPPED, write_report
-from opto.report_html import write_html_report
+from opto.report.markdown import PLOT_SKIPPED, write_report
+from opto.report.html import write_html_report
 
 EXTRA = 'pip install "opto-agents[report]"'
 

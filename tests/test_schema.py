@@ -6,8 +6,8 @@ import json
 from opto import Constraint, Optimizer, Parameter
 from opto.llm import OpenAIModel, ScriptedModel
 from opto.llm.local import _llama_format
-from opto.rollout import Rollout
-from opto.schema import parameter_schema, reply_format
+from opto.core.rollout import Rollout
+from opto.core.schema import parameter_schema, reply_format
 from opto.testing import FakeOpenAIServer
 
 

@@ -1,5 +1,5 @@
 """Search strategies: candidates per proposal ("merged", "each", "both") and
-minibatch-first acceptance, greedy and Pareto."""
+minibatch-first validation, greedy and Pareto."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_each_proposal_is_a_candidate_of_its_own_and_the_aggregator_is_not_asked
 
 
 def test_equal_proposals_make_one_candidate_that_lists_them_all():
-    from opto.optimizers import Proposal
+    from opto.search.proposers import Proposal
 
     same = [Proposal(update={"p": "a"}, instance_id=str(i)) for i in range(3)]
     other = Proposal(update={"p": "b"}, instance_id="3")
@@ -71,7 +71,7 @@ def test_both_adds_the_distinct_proposals_to_the_merged_candidates(tmp_path):
 
 
 def test_an_unknown_candidates_setting_is_refused():
-    with pytest.raises(ValueError, match=r"candidates must be one of \['both', 'each', 'merged'\]"):
+    with pytest.raises(ValueError, match=r"candidates must be one of 'merged', 'each', 'both'"):
         trainer_with(candidates="all")
 
 
@@ -117,7 +117,7 @@ def test_the_budget_check_knows_each_makes_no_aggregator_call():
 
 
 def test_the_report_says_how_many_validations_minibatch_first_saved(tmp_path):
-    from opto.report import write_report
+    from opto.report.markdown import write_report
 
     trainer, *_ = trainer_with(candidates="each", validation=MinibatchFirst(world.dataset(range(6))))
     trainer.train(ExactMatchGuide(), world.dataset([1, 3, 0, 2]), batch_size=2, run_dir=tmp_path, progress=False,
@@ -173,7 +173,7 @@ def test_merge_every_needs_pareto_selection():
 
 def test_the_report_draws_the_lineage_with_both_parents_of_a_merge(tmp_path):
     from opto import AggregatedUpdate, Optimizer
-    from opto.report import write_report
+    from opto.report.markdown import write_report
 
     trainer = AggregatedUpdate(TwoKnobs(), Optimizer(ScriptedModel(knob_for_own_instance, name="brain")),
                                candidates="each", selection="pareto", merge_every=2,
@@ -210,7 +210,7 @@ def style_by_parity(messages: list[dict[str, Any]]) -> str:
 @pytest.mark.parametrize("objectives", [("score",), ("score", "cost")])
 def test_cost_as_an_objective_keeps_the_cheaper_of_equal_candidates(objectives, tmp_path):
     from opto import AggregatedUpdate, Optimizer
-    from opto.report import write_report
+    from opto.report.markdown import write_report
 
     trainer = AggregatedUpdate(Styled(), Optimizer(ScriptedModel(style_by_parity, name="brain")), candidates="each",
                                selection="pareto", objectives=objectives, validation=world.dataset(range(4)), proposals="per_instance")

@@ -13,9 +13,10 @@ import pytest
 from opto import AggregatedUpdate, ExactMatchGuide, Optimizer, RunDir, RunDirError, ScriptedModel
 from opto.search import HoldOut
 from opto.search.pool import CandidatePool
-from opto.search.selection import EpsilonGreedy, TopK, make_selector
-from opto.trainer.validation import DatasetValidation, MinibatchFirst, MinibatchValidation, ValidationContext
-from opto.rollout import Rollout
+from opto.search.registry import make
+from opto.search.selection import EpsilonGreedy, TopK
+from opto.search.validation import DatasetValidation, MinibatchFirst, MinibatchValidation, ValidationContext
+from opto.core.rollout import Rollout
 from world import LevelAgent, agent_reply, dataset, make_brain
 
 DATA = dataset(list(range(40)))
@@ -157,7 +158,7 @@ def test_a_selector_a_user_writes_drives_the_run(tmp_path):
     parents = [e.candidate_id for e in RunDir(tmp_path).events("parent")]
     pool_ids = [e.candidate_id for e in RunDir(tmp_path).events("pool")]
     assert parents and all(p in pool_ids for p in parents)
-    assert make_selector(Newest()).name == "newest"
+    assert make("selection", Newest()).name == "newest"
 
 
 @pytest.mark.parametrize("options", [

@@ -15,8 +15,8 @@ import pytest
 
 from opto import Agent, AggregatedUpdate, Aggregator, Budget, ExactMatchGuide, Optimizer, Parameter, RunDir
 from opto.llm import ScriptedModel
-from opto.rollout import Rollout
-from opto.trainer.selection import CandidatePool
+from opto.core.rollout import Rollout
+from opto.search.selection import CandidatePool
 
 NEXT_SKILL = {"": "v1 v2", "v1 v2": "v3", "v3": "v3 v4", "v3 v4": "v1 v2 v3"}
 VALIDATION = [{"x": f"v{i}", "info": "yes", "id": f"v{i}"} for i in range(1, 5)]
@@ -134,7 +134,7 @@ def test_pareto_needs_a_validation_dataset():
     for validation in ("minibatch", "none"):
         with pytest.raises(ValueError, match="validation=<a dataset>"):
             AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), validation=validation, selection="pareto", proposals="per_instance")
-    with pytest.raises(ValueError, match="selection must be one of \['epsilon_greedy', 'greedy', 'pareto', 'top_k'\]"):
+    with pytest.raises(ValueError, match="selection must be one of 'greedy', 'pareto', 'epsilon_greedy', 'top_k'"):
         AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), selection="best", proposals="per_instance", validation="minibatch")
 
 

@@ -1,4 +1,4 @@
-"""Paired tests, intervals and Holm's correction (`opto.stats`), and validation with `alpha`."""
+"""Paired tests, intervals and Holm's correction (`opto.core.stats`), and validation with `alpha`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 import world
 from opto import ExactMatchGuide, RunDir, evaluate
-from opto.stats import holm, paired_test, score_interval
-from opto.trainer import DatasetValidation, MinibatchValidation
+from opto.core.stats import holm, paired_test, score_interval
+from opto import DatasetValidation, MinibatchValidation
 
 
 @pytest.mark.parametrize("accuracy", [0.1, 0.5, 0.8, 0.97])

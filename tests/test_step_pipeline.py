@@ -10,7 +10,7 @@ import pytest
 
 from opto import AggregatedUpdate, ExactMatchGuide, Optimizer, RunDir
 from opto.llm import BudgetExceeded, ScriptedModel
-from opto.rollout import AsyncioExecutor
+from opto.executors.local import AsyncioExecutor
 from world import LevelAgent, agent_reply, dataset, make_brain, role_of
 
 TRAIN = {"progress": False, "shuffle": False}

@@ -24,7 +24,7 @@ from opto import (
     StopFile,
     TargetScore,
 )
-from opto.stopping import AllOf, AnyOf, RunProgress
+from opto.search.stopping import AllOf, AnyOf, RunProgress
 from world import ledger_of
 
 DATA = world.dataset(range(8))

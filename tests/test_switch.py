@@ -10,9 +10,9 @@ import pytest
 from tiny_models import build_tiny_model
 from world import LevelAgent, agent_reply, dataset, make_brain
 
-from opto import AggregatedUpdate, Budget, ExactMatchGuide, Optimizer, OpenAIModel, RunDirError, ScriptedModel
+from opto import AggregatedUpdate, Budget, ExactMatchGuide, Optimizer, OptoValueError, OpenAIModel, RunDirError, ScriptedModel
 from opto.finetune import FineTuneError, TrainingJobStatus, switch_model
-from opto.finetune.switch import MODELS_FILE, recorded_switches
+from opto.run.switches import MODELS_FILE, recorded_switches
 from opto.llm import TransformersModel
 from opto.testing import FakeOpenAIServer
 
@@ -67,7 +67,7 @@ def test_only_a_job_that_succeeded_and_a_model_the_agent_holds_can_be_switched(t
     with pytest.raises(ValueError, match="options .* are for a local model folder"):
         switch_model(agent, TUNED, max_batch_size=4)
     scripted = LevelAgent(ScriptedModel(agent_reply), level=5)
-    with pytest.raises(FineTuneError, match="cannot ask for .* by name"):
+    with pytest.raises(OptoValueError, match="cannot ask for .* by name"):
         switch_model(scripted, TUNED)
     assert not (tmp_path / MODELS_FILE).exists() and agent.model.name == BASE
 

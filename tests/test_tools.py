@@ -23,7 +23,7 @@ from opto.llm import (
     uninstrument_litellm,
 )
 from opto.llm.tracing import bounded_trace
-from opto.rollout import Rollout
+from opto.core.rollout import Rollout
 from opto.testing import FakeOpenAIServer, FakeReply
 
 pytestmark = pytest.mark.timeout(60)

@@ -29,7 +29,8 @@ from opto import (
     evaluate,
 )
 from opto.llm import LLMError, ScriptedModel
-from opto.trainer import DatasetValidation, InstanceOutput, StepOutcome
+from opto import DatasetValidation
+from opto.trainer import InstanceOutput, StepOutcome
 from world import AGGREGATOR_SYSTEM, LevelAgent, agent_reply, dataset, make_brain, requests_of
 from world import make_level_trainer as make_trainer
 
@@ -882,7 +883,7 @@ def test_candidates_are_validated_at_the_same_time_and_recorded_in_order(tmp_pat
 
 
 def test_every_rollout_goes_through_the_executor(tmp_path):
-    from opto.rollout import AsyncioExecutor, RolloutExecutor
+    from opto.executors.local import AsyncioExecutor, RolloutExecutor
 
     class CountingExecutor(AsyncioExecutor):
         def __init__(self):

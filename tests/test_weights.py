@@ -1,4 +1,4 @@
-"""Prompts, then weights (`opto.weights`): every stage of the chain on a scripted base model
+"""Prompts, then weights (`opto.recipes.prompts_then_weights`): every stage of the chain on a scripted base model
 and a tiny Hugging Face model fine-tuned with TRL, its metrics, its report, and resuming it
 in the middle of fine-tuning without training twice."""
 
@@ -16,12 +16,12 @@ from opto import RunDirError, ScriptedModel
 from opto.cli import main
 from opto.datasets import bigbench
 from opto.finetune import TRLAdapter
-from opto.finetune.switch import recorded_switches
+from opto.run.switches import recorded_switches
 from opto.llm.sampling import current_sampling
 from opto.preference import validate_jsonl
-from opto.report import write_report
-from opto.report_html import write_html_report
-from opto.weights import prompts_then_weights
+from opto.report.markdown import write_report
+from opto.report.html import write_html_report
+from opto.recipes.prompts_then_weights import prompts_then_weights
 
 pytestmark = pytest.mark.trl
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from opto.cli import main
-from opto.finetune.switch import recorded_switches
+from opto.run.switches import recorded_switches
 
 pytestmark = [pytest.mark.local_model, pytest.mark.trl, pytest.mark.timeout(900)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

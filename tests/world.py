@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from opto.ledger import RunDir
+from opto.run.ledger import RunDir
 from opto import Agent, AggregatedUpdate, Aggregator, ExactMatchGuide, Optimizer, Parameter, ScriptedModel
 
 # ------------------------------------------------------------------------------ level world

@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from opto.data import DatasetError, Example
-
+from ..core.data import DatasetError, Example
 from ..errors import MissingFileError, OptoValueError
 
 __all__ = ["SPLIT_FRACTIONS", "bigbench", "bigbench_tasks", "load_bigbench"]

@@ -1,17 +1,29 @@
-"""Where rollouts run besides this process: `RayExecutor`, and the machinery it shares.
+"""Where rollouts run: the `RolloutExecutor` protocol and its implementations.
 
-`RayExecutor` imports Ray only when it is made (extra `ray`). `RemoteExecutor` runs on
-any `Backend`; `opto.testing.FakeCluster` is one in this process, for tests.
+`AsyncioExecutor` (the default) runs them as asyncio tasks in this process;
+`RemoteExecutor` on any `Backend` of worker processes (`opto.testing.FakeCluster` is one
+in this process, for tests); `RayExecutor` on a Ray cluster, importing Ray only when it
+is made (extra `ray`). A new executor implements `RolloutExecutor` (`local.py`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .local import AsyncioExecutor, RolloutExecutor
 from .remote import Backend, RemoteExecutor, WorkerError, WorkerLost
 from .shipping import ShippingError
 
-__all__ = ["Backend", "RayExecutor", "RemoteExecutor", "ShippingError", "WorkerError", "WorkerLost"]
+__all__ = [
+    "AsyncioExecutor",
+    "Backend",
+    "RayExecutor",
+    "RemoteExecutor",
+    "RolloutExecutor",
+    "ShippingError",
+    "WorkerError",
+    "WorkerLost",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,17 +19,17 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from .._async import gather_all
-from ..agent import Agent
-from ..data import Example
+from .._util.async_tools import gather_all
+from ..core.agent import Agent
+from ..core.data import Example
+from ..core.guides import Guide
+from ..core.parameters import ParameterValues
+from ..core.rollout import Rollout, timeout_fields
 from ..errors import OptoError, OptoValueError
-from ..guides import Guide
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import current_sampling
 from ..llm.shared_limits import Link
 from ..llm.usage import UsageStats, add_to_meters, run_budgets
-from ..parameters import ParameterValues
-from ..rollout import Rollout, timeout_fields
 from .coordinator import CoordinatorHub
 from .shipping import Shipment, ship, values_by_name
 from .worker import RolloutTask

@@ -13,11 +13,11 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..agent import Agent
+from ..core.agent import Agent
+from ..core.guides import Guide
+from ..core.parameters import Parameter, ParameterValues, current_assignment
 from ..errors import MissingDependencyError, OptoError, OptoValueError
-from ..guides import Guide
 from ..llm.shared_limits import LimitsHub, shipping_to
-from ..parameters import Parameter, ParameterValues, current_assignment
 
 __all__ = ["ShippingError", "Shipment", "ship", "values_by_name"]
 

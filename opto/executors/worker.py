@@ -17,11 +17,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data import Example
+from ..core.data import Example
+from ..core.rollout import run_rollout
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import Sampling, sampling
 from ..llm.usage import budget_scope, meter_usage
-from ..rollout import run_rollout
 
 __all__ = ["RolloutTask", "aexecute", "execute", "unload_all"]
 

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..coercion import SkippedValue
+from ..core.parameters import _short
 from ..errors import OptoError
 from ..llm.types import valid_unicode
-from ..parameters import _short
+from .coercion import SkippedValue
 from .loose_json import PARSERS, json_safe, parse_exact, scan_pairs, to_json_types
 
 __all__ = [

@@ -23,6 +23,7 @@ from .art_adapter import ARTAdapter
 from .base import (
     JOB_STATES,
     TERMINAL_STATES,
+    AdapterState,
     FineTuneError,
     FineTuneRefused,
     FineTuneTimeout,
@@ -31,9 +32,9 @@ from .base import (
     TrainingJobRef,
     TrainingJobStatus,
 )
-from .nemo_adapter import NeMoCustomizerAdapter, NeMoCustomizerState
-from .openai_adapter import OpenAIFineTuneAdapter, OpenAIFineTuneState
-from .switch import ModelSwitch, apply_recorded_switches, switch_model
+from .nemo_adapter import NeMoCustomizerAdapter
+from .openai_adapter import OpenAIFineTuneAdapter
+from .switch import switch_model
 from .trl_adapter import TRLAdapter
 
 __all__ = [
@@ -44,15 +45,12 @@ __all__ = [
     "FineTuneRefused",
     "FineTuneTimeout",
     "JobState",
-    "ModelSwitch",
     "NeMoCustomizerAdapter",
-    "NeMoCustomizerState",
     "OpenAIFineTuneAdapter",
-    "OpenAIFineTuneState",
     "TRLAdapter",
+    "AdapterState",
     "TrainerAdapter",
     "TrainingJobRef",
     "TrainingJobStatus",
-    "apply_recorded_switches",
     "switch_model",
 ]

@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 
-from .._io import read_jsonl
+from .._util.files import read_jsonl
+from .._util.redaction import remember_secret
 from ..errors import OptoTypeError, OptoValueError
-from ..llm.redaction import remember_secret
 from ..preference.schemas import validate_jsonl
 from ..preference.trajectories import Trajectory
 from .base import FineTuneError, TrainingJobRef
@@ -90,6 +90,7 @@ class ARTAdapter(WorkerJobAdapter):
         cancel_grace: float = 10.0,
         min_groups: int = 1,
     ) -> None:
+        super().__init__()
         if protocol not in PROTOCOLS:
             raise OptoValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if not model or not base_model:

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
 
-from .._io import read_jsonl
-from ..llm.redaction import redact, remember_secret
+from .._util.files import read_jsonl
+from .._util.redaction import redact, remember_secret
 from .base import error_detail
 from .job_folder import JobFiles
 

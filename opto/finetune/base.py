@@ -15,14 +15,17 @@ import abc
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
+from typing_extensions import Self
 
 from ..errors import OptoError, OptoValueError
 
 __all__ = [
+    "AdapterState",
     "JOB_STATES",
     "TERMINAL_STATES",
     "FineTuneError",
@@ -91,14 +94,65 @@ class TrainingJobStatus(BaseModel):
         return self.status == "succeeded"
 
 
+class AdapterState(BaseModel):
+    """`TrainerAdapter.state_dict()`: the backend, the settings it was made with and its
+    jobs; never a secret."""
+
+    backend: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+    jobs: list[TrainingJobRef] = Field(default_factory=list)
+    last_status: dict[str, TrainingJobStatus] = Field(default_factory=dict)
+
+
 class TrainerAdapter(abc.ABC):
     """A fine-tuning backend: submit a dataset, follow the job, get the tuned model.
 
     Subclasses implement `initialize`, `is_healthy`, `submit`, `status` and `cancel`;
-    `wait_until_complete` polls `status`. Adapters hold no secret in their saved state.
+    `wait_until_complete` polls `status`. The base owns the job state: `jobs` (every
+    submitted job's ref) and `last_status` (the latest status of each), and saves them
+    with the settings named in `saved_settings` (`state_dict`, `from_state_dict`), so a
+    process can follow jobs another one submitted. Adapters save no secret.
     """
 
     backend: str = "custom"
+    #: The constructor arguments `state_dict` saves (JSON values, never a key or client).
+    saved_settings: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.jobs: list[TrainingJobRef] = []
+        self.last_status: dict[str, TrainingJobStatus] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The settings and jobs as JSON-ready data (no API key, no client)."""
+        if not self.saved_settings:
+            raise OptoValueError(
+                f"{type(self).__name__} saves no state: its jobs live in their folders under its output_dir, "
+                "so a new adapter on the same output_dir follows them"
+                if isinstance(getattr(self, "output_dir", None), Path)
+                else f"{type(self).__name__} saves no state: list its constructor arguments in saved_settings"
+            )
+        return AdapterState(
+            backend=self.backend,
+            settings={name: getattr(self, name) for name in self.saved_settings},
+            jobs=self.jobs,
+            last_status=self.last_status,
+        ).model_dump(mode="json")
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any], *, api_key: str | None = None, **options: Any) -> Self:
+        """An adapter restored from `state_dict()`, its jobs included. The key comes from
+        `api_key` or the environment; `options` are constructor arguments that were not
+        saved (timeouts, retries)."""
+        saved = AdapterState.model_validate(state)
+        if saved.backend != cls.backend:
+            raise OptoValueError(
+                f"this state was saved by a {saved.backend!r} adapter, not by {cls.__name__} ({cls.backend!r})"
+            )
+        keys = {"api_key": api_key} if api_key is not None else {}
+        adapter = cls(**saved.settings, **keys, **options)
+        adapter.jobs = list(saved.jobs)
+        adapter.last_status = dict(saved.last_status)
+        return adapter
 
     @abc.abstractmethod
     async def initialize(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .._io import atomic_write_json, atomic_write_text
+from .._util.files import atomic_write_json, atomic_write_text
 from .base import TERMINAL_STATES
 from .base import JobState as Status
 

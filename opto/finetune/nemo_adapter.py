@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with opto
-from pydantic import BaseModel, Field
 
+from .._util.redaction import redact, remember_secret
 from ..errors import OptoTypeError, OptoValueError
-from ..llm.redaction import redact, remember_secret
 from ..preference.schemas import validate_jsonl
 from .base import (
     FineTuneError,
@@ -47,7 +46,7 @@ from .base import (
     job_id_of,
 )
 
-__all__ = ["NeMoCustomizerAdapter", "NeMoCustomizerState"]
+__all__ = ["NeMoCustomizerAdapter"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +62,6 @@ _STATES: dict[str, JobState] = {
     "failed": "failed",
     "cancelled": "cancelled",
 }
-
-
-class NeMoCustomizerState(BaseModel):
-    """`NeMoCustomizerAdapter.state_dict()`: settings and jobs, never a key."""
-
-    config: str
-    base_url: str
-    data_store_url: str
-    entity_store_url: str
-    namespace: str
-    method: Literal["dpo", "sft"]
-    finetuning_type: str
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    output_model: str | None = None
-    jobs: list[TrainingJobRef] = Field(default_factory=list)
 
 
 class NeMoCustomizerAdapter(TrainerAdapter):
@@ -105,6 +89,17 @@ class NeMoCustomizerAdapter(TrainerAdapter):
     """
 
     backend = "nemo"
+    saved_settings = (
+        "config",
+        "base_url",
+        "data_store_url",
+        "entity_store_url",
+        "namespace",
+        "method",
+        "finetuning_type",
+        "hyperparameters",
+        "output_model",
+    )
 
     def __init__(
         self,
@@ -122,6 +117,7 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         min_examples: int = 10,
         timeout: float = 60.0,
     ) -> None:
+        super().__init__()
         if not config:
             raise OptoValueError(
                 "config is required: the Customizer configuration of the base model, "
@@ -150,46 +146,9 @@ class NeMoCustomizerAdapter(TrainerAdapter):
         self.timeout = timeout
         self._api_key = api_key or os.environ.get("NEMO_API_KEY") or os.environ.get("NGC_API_KEY")
         remember_secret(self._api_key)
-        self.jobs: list[TrainingJobRef] = []
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"NeMoCustomizerAdapter({self.config!r}, method={self.method!r}, base_url={self.base_url!r})"
-
-    # -- state -----------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The settings and jobs as JSON-ready data (no key)."""
-        return NeMoCustomizerState(
-            config=self.config,
-            base_url=self.base_url,
-            data_store_url=self.data_store_url,
-            entity_store_url=self.entity_store_url,
-            namespace=self.namespace,
-            method=self.method,
-            finetuning_type=self.finetuning_type,
-            hyperparameters=self.hyperparameters,
-            output_model=self.output_model,
-            jobs=self.jobs,
-        ).model_dump(mode="json")
-
-    @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any], *, api_key: str | None = None) -> NeMoCustomizerAdapter:
-        """An adapter restored from `state_dict()`; the key comes from `api_key` or the environment."""
-        saved = NeMoCustomizerState.model_validate(state)
-        adapter = cls(
-            saved.config,
-            base_url=saved.base_url,
-            data_store_url=saved.data_store_url,
-            entity_store_url=saved.entity_store_url,
-            namespace=saved.namespace,
-            method=saved.method,
-            finetuning_type=saved.finetuning_type,
-            hyperparameters=saved.hyperparameters,
-            output_model=saved.output_model,
-            api_key=api_key,
-        )
-        adapter.jobs = list(saved.jobs)
-        return adapter
 
     # -- protocol --------------------------------------------------------------------
 

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import openai
-from pydantic import BaseModel, Field
 
+from .._util.redaction import redact
 from ..errors import OptoTypeError, OptoValueError
 from ..llm.errors import describe_error
 from ..llm.openai_model import OpenAIModel, resolve_credentials
-from ..llm.redaction import redact
 from ..preference.schemas import validate_jsonl
 from .base import (
     FineTuneError,
@@ -43,7 +42,7 @@ from .base import (
     job_id_of,
 )
 
-__all__ = ["OpenAIFineTuneAdapter", "OpenAIFineTuneState"]
+__all__ = ["OpenAIFineTuneAdapter"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,20 +67,6 @@ _SERVICE_NOTE = (
 )
 
 
-class OpenAIFineTuneState(BaseModel):
-    """The adapter's checkpointable state: settings and submitted jobs, no secret."""
-
-    base_model: str
-    method: Method = "dpo"
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    suffix: str | None = None
-    base_url: str | None = None
-    seed: int | None = None
-    min_examples: int = 10
-    jobs: list[TrainingJobRef] = Field(default_factory=list)
-    last_status: dict[str, TrainingJobStatus] = Field(default_factory=dict)
-
-
 class OpenAIFineTuneAdapter(TrainerAdapter):
     """Fine-tune a model through the OpenAI fine-tuning API (or a compatible endpoint).
 
@@ -103,6 +88,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
     """
 
     backend = "openai"
+    saved_settings = ("base_model", "method", "hyperparameters", "suffix", "base_url", "seed", "min_examples")
 
     def __init__(
         self,
@@ -120,6 +106,7 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         file_poll_interval: float = 1.0,
         file_timeout: float = 600.0,
     ) -> None:
+        super().__init__()
         if not base_model:
             raise OptoValueError("base_model is required: the name of the model to fine-tune")
         if method not in _FILE_FORMAT:
@@ -145,8 +132,6 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
         self.base_url, self._api_key = resolve_credentials(base_url, api_key, "OpenAIFineTuneAdapter")
         self._client: openai.AsyncOpenAI | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        self.jobs: list[TrainingJobRef] = []
-        self.last_status: dict[str, TrainingJobStatus] = {}
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"OpenAIFineTuneAdapter({self.base_model!r}, method={self.method!r}, base_url={self.base_url!r})"
@@ -155,43 +140,6 @@ class OpenAIFineTuneAdapter(TrainerAdapter):
     def endpoint(self) -> str:
         """The API root in messages: the base_url, or "OpenAI"."""
         return self.base_url or "OpenAI"
-
-    # -- state -----------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The settings and jobs as JSON-ready data (no API key, no client)."""
-        return OpenAIFineTuneState(
-            base_model=self.base_model,
-            method=self.method,
-            hyperparameters=self.hyperparameters,
-            suffix=self.suffix,
-            base_url=self.base_url,
-            seed=self.seed,
-            min_examples=self.min_examples,
-            jobs=self.jobs,
-            last_status=self.last_status,
-        ).model_dump(mode="json")
-
-    @classmethod
-    def from_state_dict(
-        cls, state: Mapping[str, Any], *, api_key: str | None = None, **kwargs: Any
-    ) -> OpenAIFineTuneAdapter:
-        """An adapter restored from `state_dict()`; the key comes from `api_key` or the environment."""
-        saved = OpenAIFineTuneState.model_validate(state)
-        adapter = cls(
-            saved.base_model,
-            method=saved.method,
-            hyperparameters=saved.hyperparameters,
-            suffix=saved.suffix,
-            base_url=saved.base_url,
-            api_key=api_key,
-            seed=saved.seed,
-            min_examples=saved.min_examples,
-            **kwargs,
-        )
-        adapter.jobs = list(saved.jobs)
-        adapter.last_status = dict(saved.last_status)
-        return adapter
 
     # -- client ----------------------------------------------------------------------
 

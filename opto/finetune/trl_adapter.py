@@ -90,6 +90,7 @@ class TRLAdapter(WorkerJobAdapter):
         min_examples: int = 1,
         cancel_grace: float = 10.0,
     ) -> None:
+        super().__init__()
         if method not in ("dpo", "sft", "grpo"):
             raise OptoValueError(f"method must be 'dpo', 'sft' or 'grpo', got {method!r}")
         self.model_path = str(model_path)

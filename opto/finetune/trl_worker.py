@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .._io import read_jsonl
+from .._util.files import read_jsonl
 from ..preference.schemas import DatasetFormatError
 from .job_folder import JobFiles
 

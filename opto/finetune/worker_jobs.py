@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json
+from .._util.files import atomic_write_json
 from .base import FineTuneError, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
 from .job_folder import JobFiles, JobState
 

@@ -9,9 +9,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
-from .._context import close_records, open_records
 from ..errors import OptoValueError
 from .cache import ResponseCache, request_key
+from .context import close_records, open_records
 from .prices import known_price
 from .sampling import current_sampling
 from .tracing import record_call
@@ -236,13 +236,17 @@ class Model(ABC):
         max_tokens: int | None,
         n: int,
         seed: int | None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        stop: list[str] | None = None,
+        logprobs: bool = False,
     ) -> Completion:
         """Call the backend once for `n` samples (no cache, no budget: `complete` does those).
 
-        With tools, `complete` also passes `tools` and `tool_choice`, with stop strings
-        `stop`, and `logprobs=True` when asked (never without, so a backend written before
-        they existed keeps working); a backend that cannot call tools, or give logprobs,
-        raises `LLMRequestError` for them.
+        `complete` passes `tools` and `tool_choice` only with tools, `stop` only with stop
+        strings and `logprobs=True` only when asked, so a backend may leave out the ones it
+        never supports; a backend that cannot call tools, or give logprobs, raises
+        `UnsupportedRequestError` for them.
         """
 
     async def aclose(self) -> None:

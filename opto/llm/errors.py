@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .._util.redaction import redact
 from ..errors import OptoError
-from .redaction import redact
 
 __all__ = [
     "AuthenticationError",

@@ -16,9 +16,9 @@ from typing import Any
 import httpx2 as httpx  # the OpenAI SDK's HTTP client, installed with it
 import openai
 
+from .._util.redaction import remember_secret
 from ..errors import OptoValueError
 from .errors import LLMError
-from .redaction import remember_secret
 from .remote import RemoteChatModel
 
 __all__ = ["LiteLLMModel", "import_litellm"]

@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 import openai
 
+from .._util.redaction import remember_secret
 from ..errors import OptoValueError
 from ._chat_http import ChatPoster
 from .errors import AuthenticationError
-from .redaction import remember_secret
 from .remote import RemoteChatModel, public_url
 
 __all__ = ["OpenAIModel"]

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import openai
 
+from .._util.redaction import redact
 from ..errors import OptoValueError, UsageError
 from ._gate import SharedSemaphore
 from ._loop import BackgroundLoop
@@ -25,7 +26,6 @@ from ._per_loop import PerLoop
 from .base import Model
 from .errors import LLMRequestError, describe_error, refused_request_error, unavailable_error
 from .ratelimit import RateLimiter
-from .redaction import redact
 from .reported import reported_tokens
 from .retry import (
     CONNECT_BACKOFF_BASE,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._context import Scope, current_records
 from ..errors import OptoValueError
+from .context import Scope, current_records
 from .types import Completion, Message, ToolCall, content_text, tool_calls_of
 
 __all__ = ["LLMCall", "bounded_trace", "clip_middle", "record_call", "record_llm_calls", "tool_result"]

@@ -173,9 +173,12 @@ class TransformersModel(Model):
         max_tokens: int | None,
         n: int,
         seed: int | None,
-        **optional: Any,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        stop: list[str] | None = None,
+        logprobs: bool = False,
     ) -> Completion:
-        if optional.get("tools"):
+        if tools:
             raise UnsupportedRequestError(
                 f"{self.name}: TransformersModel does not call tools; use a model served "
                 "behind an OpenAI-compatible API for tool use"
@@ -190,8 +193,8 @@ class TransformersModel(Model):
             "max_tokens": max_tokens or self.max_tokens,
             "n": n,
             "seed": seed,
-            "stop": tuple(optional["stop"]) if optional.get("stop") else (),
-            "logprobs": bool(optional.get("logprobs")),
+            "stop": tuple(stop) if stop else (),
+            "logprobs": logprobs,
         }
         key = (id(loop), *settings.values())
         batch = self._waiting.get(key)

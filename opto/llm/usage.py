@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .._context import Scope, current_records
 from ..errors import OptoValueError
+from .context import Scope, current_records
 from .errors import BudgetExceeded
 from .shared_limits import Link, current_hub
 from .types import TokenUsage

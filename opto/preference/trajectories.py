@@ -29,8 +29,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..errors import MissingFileError, OptoValueError
-from ..ledger import RunDir
 from ..llm.types import ToolCall, content_text, tool_calls_of
+from ..run.ledger import RunDir
 
 __all__ = ["GroupReading", "GroupStats", "Trajectory", "TrajectoryGroup", "episode_problem", "read_groups"]
 

@@ -49,10 +49,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .._io import json_key
+from .._util.files import json_key
 from ..errors import MissingFileError, OptoValueError
-from ..ledger import RunDir
 from ..llm.types import content_text
+from ..run.ledger import RunDir
 
 __all__ = ["SOURCES", "Source", "Turn", "TurnCandidate", "TurnReading", "read_turns"]
 

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .._io import atomic_write_jsonl
+from .._util.files import atomic_write_jsonl
 from ..errors import OptoTypeError, OptoValueError
+from ..search.registry import lookup
 from .pairs import PreferencePair, SupervisedExample
-from .schemas import FORMATS, validate_record
+from .schemas import validate_record
 from .trajectories import TrajectoryGroup
 
 __all__ = [
@@ -185,20 +186,13 @@ def _item_name(item: Any) -> str:
     return f"turn {item.turn_id}" if hasattr(item, "turn_id") else f"group of example {item.example_id}"
 
 
-_WRITERS: dict[str, type[Writer]] = {
-    w.format: w for w in (OpenAIDPOWriter, OpenAISFTWriter, TRLWriter, TRLChatWriter, NeMoWriter, ARTWriter)
-}
-assert set(_WRITERS) == set(FORMATS)
-
-
 def get_writer(fmt: str, **options: Any) -> Writer:
-    """The writer of a format name (see `opto.preference.schemas.FORMATS`), made with
+    """The writer of a format name (the registry's "preference format" kind), made with
     `options` (None values are left out): `tokenizer` for "trl", `prompt` for "nemo"."""
-    if fmt not in _WRITERS:
-        raise OptoValueError(f"unknown format {fmt!r}; use one of {', '.join(_WRITERS)}")
+    writer = lookup("preference format", fmt)  # an unknown name is an error listing the names
     options = {key: value for key, value in options.items() if value is not None}
     try:
-        return _WRITERS[fmt](**options)
+        return writer(**options)
     except TypeError:
         raise OptoValueError(f"the {fmt} format takes no option {sorted(options)}") from None
 

@@ -1,33 +1,37 @@
-"""Search strategies, each a small object behind a protocol of its own, one module a kind.
+"""The search: every piece of a step between the rollouts and the applied update, one
+module a kind, each a small object behind a protocol of its own.
 
-- candidate selection: which values a step starts from (`CandidateSelector`: `Greedy`,
-  `Pareto`, `EpsilonGreedy`, `TopK`; `opto.search.selection`), and the pool of validated
-  candidates it draws from (`opto.search.pool`);
+- proposers: who suggests updates (`Proposer`, `BatchProposer`: `Optimizer`,
+  `DemoProposer`; `opto.search.proposers`; `TPEProposer` in `opto.search.tpe`), and the
+  few-shot demo rules they follow (`opto.search.demo_rules`);
+- the aggregator: proposals merged into candidates (`Aggregator`; `opto.search.aggregation`);
 - candidate sources: where a step's candidates come from (`CandidateSource`: "merged",
   "each", "both"; `opto.search.candidates`);
 - component selection: which parameters a step proposes for (`ComponentSelector`: "all",
   "round_robin"; `opto.search.components`);
-- acceptance: whether a candidate is accepted (`Validation`: `MinibatchValidation`,
-  `DatasetValidation`, `MinibatchFirst`; `opto.search.acceptance`), and the default
-  validation split (`HoldOut`; `opto.search.holdout`);
 - proposal batching: who is asked once a step, who per rollout (`ProposalBatching`:
   "reflective", "per_instance"; `opto.search.batching`);
-- the merge of lineages (`LineageMerge`; `opto.search.merge`);
-- stop conditions (`StopCondition`: `MaxCalls`, `MaxCost`, ...; `opto.search.stopping`);
-- numeric and categorical knobs by Bayesian search (`TPEProposer`; `opto.search.tpe`).
+- validation: whether a candidate is accepted (`Validation`: `MinibatchValidation`,
+  `DatasetValidation`, `MinibatchFirst`; `opto.search.validation`), and the default
+  validation split (`HoldOut`; `opto.search.holdout`);
+- candidate selection: which values a step starts from (`CandidateSelector`: `Greedy`,
+  `Pareto`, `EpsilonGreedy`, `TopK`; `opto.search.selection`), and the pool of validated
+  candidates it draws from (`opto.search.pool`); the merge of lineages (`LineageMerge`;
+  `opto.search.merge`);
+- stop conditions (`StopCondition`: `MaxCalls`, `MaxCost`, ...; `opto.search.stopping`).
 
-The old paths (`opto.trainer.validation`, `opto.trainer.selection`, `opto.trainer.merge`,
-`opto.stopping`) keep working.
+Every option that takes a name turns it into its object through one registry
+(`opto.search.registry`), which `register` extends.
 """
 
-from .acceptance import DatasetValidation, MinibatchFirst, MinibatchValidation, NoValidation, Validation
-from .batching import PerInstance, ProposalBatching, Reflective, make_batching
-from .candidates import CandidateSource, EachProposal, MergedAndEach, MergedCandidates, make_candidate_source
-from .components import AllComponents, ComponentSelector, RoundRobin, focused, make_component_selector
+from .batching import PerInstance, ProposalBatching, Reflective
+from .candidates import CandidateSource, EachProposal, MergedAndEach, MergedCandidates
+from .components import AllComponents, ComponentSelector, RoundRobin, focused
 from .holdout import HoldOut
 from .merge import LineageMerge
-from .selection import CandidateSelector, EpsilonGreedy, Greedy, Pareto, TopK, make_selector
+from .selection import CandidateSelector, EpsilonGreedy, Greedy, Pareto, TopK
 from .tpe import TPEProposer
+from .validation import DatasetValidation, MinibatchFirst, MinibatchValidation, NoValidation, Validation
 
 __all__ = [
     "AllComponents",
@@ -54,8 +58,4 @@ __all__ = [
     "TopK",
     "Validation",
     "focused",
-    "make_batching",
-    "make_candidate_source",
-    "make_component_selector",
-    "make_selector",
 ]

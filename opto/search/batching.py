@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..optimizers import BatchProposer, Proposer
-from ._choice import choose
+from .proposers import BatchProposer, Proposer
 
-__all__ = ["PerInstance", "ProposalBatching", "Reflective", "make_batching"]
+__all__ = ["PerInstance", "ProposalBatching", "Reflective"]
 
 
 @runtime_checkable
@@ -42,8 +41,3 @@ class PerInstance:
 
     def once_a_step(self, proposer: Proposer) -> bool:
         return isinstance(proposer, BatchProposer) and bool(getattr(proposer, "per_step", False))
-
-
-def make_batching(spec: str | ProposalBatching) -> ProposalBatching:
-    """ "reflective", "per_instance", or a `ProposalBatching`."""
-    return choose("proposals", spec, ProposalBatching, {"reflective": Reflective, "per_instance": PerInstance})

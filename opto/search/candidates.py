@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from .._io import json_key
-from ..aggregation import Aggregator, Candidate, dedupe
-from ..optimizers import Proposal
-from ..parameters import Parameter
-from ._choice import choose
+from .._util.files import json_key
+from ..core.parameters import Parameter
+from .aggregation import Aggregator, Candidate, dedupe
+from .proposers import Proposal
 
-__all__ = ["CandidateSource", "EachProposal", "MergedAndEach", "MergedCandidates", "make_candidate_source"]
+__all__ = ["CandidateSource", "EachProposal", "MergedAndEach", "MergedCandidates"]
 
 
 @runtime_checkable
@@ -98,17 +97,3 @@ class MergedAndEach:
             c for c in await self.each.candidates(parameters, proposals, stepsize) if json_key(c.update) not in seen
         ]
         return [*merged, *each]
-
-
-def make_candidate_source(spec: str | CandidateSource, aggregator: Aggregator) -> CandidateSource:
-    """ "merged", "each", "both", or a `CandidateSource`."""
-    return choose(
-        "candidates",
-        spec,
-        CandidateSource,
-        {
-            "merged": lambda: MergedCandidates(aggregator),
-            "each": EachProposal,
-            "both": lambda: MergedAndEach(aggregator),
-        },
-    )

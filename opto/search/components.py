@@ -12,10 +12,9 @@ import copy
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from ..parameters import Parameter
-from ._choice import choose
+from ..core.parameters import Parameter
 
-__all__ = ["AllComponents", "ComponentSelector", "RoundRobin", "focused", "make_component_selector"]
+__all__ = ["AllComponents", "ComponentSelector", "RoundRobin", "focused"]
 
 
 @runtime_checkable
@@ -45,11 +44,6 @@ class RoundRobin:
 
     def select(self, names: Sequence[str], step: int) -> list[str]:
         return [names[(step - 1) % len(names)]] if names else []
-
-
-def make_component_selector(spec: str | ComponentSelector) -> ComponentSelector:
-    """ "all", "round_robin" or a `ComponentSelector`."""
-    return choose("components", spec, ComponentSelector, {"all": AllComponents, "round_robin": RoundRobin})
 
 
 def focused(parameters: Sequence[Parameter], names: Sequence[str]) -> list[Parameter]:

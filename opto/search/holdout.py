@@ -1,4 +1,4 @@
-"""The default acceptance: a validation split held out from the training data.
+"""The default validation: a validation split held out from the training data.
 
 Accepting on the step's own batch accepts noise (a run touches a good score and drifts
 away from it); accepting on a validation set keeps what a run finds. When `train()` gets
@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ..data import Example
+from ..core.data import Example
 from ..errors import OptoValueError
 
 __all__ = ["HoldOut"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .._io import json_key
+from .._util.files import json_key
 from ..errors import OptoValueError
 from .pool import CandidatePool, PoolEntry
 

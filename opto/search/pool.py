@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from ..core.rollout import Rollout
 from ..errors import OptoValueError
-from ..rollout import Rollout
 
 __all__ = ["CandidatePool", "OBJECTIVES", "PoolEntry", "START_ID", "check_objectives", "rollout_cost"]
 

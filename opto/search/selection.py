@@ -15,10 +15,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import OptoValueError
-from ._choice import choose
 from .pool import CandidatePool, PoolEntry
 
-__all__ = ["CandidateSelector", "EpsilonGreedy", "Greedy", "Pareto", "TopK", "make_selector"]
+__all__ = ["CandidateSelector", "EpsilonGreedy", "Greedy", "Pareto", "TopK"]
 
 
 @runtime_checkable
@@ -89,13 +88,3 @@ class TopK:
     def parent(self, pool: CandidatePool, rng: np.random.Generator) -> PoolEntry | None:
         best = pool.ranked()[: self.k]
         return best[int(rng.integers(len(best)))]
-
-
-def make_selector(spec: str | CandidateSelector) -> CandidateSelector:
-    """ "greedy", "pareto", "epsilon_greedy", "top_k", or a `CandidateSelector`."""
-    return choose(
-        "selection",
-        spec,
-        CandidateSelector,
-        {"greedy": Greedy, "pareto": Pareto, "epsilon_greedy": EpsilonGreedy, "top_k": TopK},
-    )

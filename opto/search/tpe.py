@@ -21,10 +21,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.parameters import Parameter
+from ..core.rollout import Rollout
 from ..errors import MissingDependencyError, OptoTypeError, OptoValueError
-from ..optimizers import Proposal
-from ..parameters import Parameter
-from ..rollout import Rollout
+from .proposers import Proposal
 
 __all__ = ["TPEProposer"]
 

@@ -1,33 +1,22 @@
-"""Trainers: the `Minibatch` loop, `AggregatedUpdate`, evaluation and validation policies."""
+"""Trainers: the `Minibatch` loop, `AggregatedUpdate` (its step), evaluation, rollout
+collection, resume and the Trace-compatible `forward`/`update`."""
 
-from ..search.acceptance import (
-    DatasetValidation,
-    Decision,
-    MinibatchFirst,
-    MinibatchValidation,
-    NoValidation,
-    Validation,
-)
 from .aggregated import AggregatedUpdate, InstanceOutput
-from .evaluation import EvalResult, aevaluate, evaluate
+from .collection import CollectResult, acollect, collect
+from .evaluation import aevaluate, evaluate
 from .failures import TooManyFailures
-from .minibatch import Minibatch, StepContext, StepOutcome, TrainResult
+from .minibatch import Minibatch, StepContext, StepOutcome
 
 __all__ = [
     "AggregatedUpdate",
-    "DatasetValidation",
-    "Decision",
-    "EvalResult",
+    "CollectResult",
     "InstanceOutput",
     "Minibatch",
-    "MinibatchFirst",
-    "MinibatchValidation",
-    "NoValidation",
     "StepContext",
     "StepOutcome",
     "TooManyFailures",
-    "TrainResult",
-    "Validation",
     "aevaluate",
+    "acollect",
+    "collect",
     "evaluate",
 ]

@@ -16,13 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from .._async import gather_all
-from .._io import json_key
-from ..agent import Agent
-from ..aggregation import Aggregator, Candidate
-from ..data import Example, load_dataset
+from .._util.async_tools import gather_all
+from .._util.files import json_key
+from ..core.agent import Agent
+from ..core.data import Example, load_dataset
+from ..core.guides import Guide
+from ..core.rollout import Rollout, mean_score
 from ..errors import OptoTypeError, OptoValueError
-from ..events import (
+from ..executors.local import RolloutExecutor
+from ..llm.base import Model
+from ..llm.errors import BudgetExceeded, LLMError
+from ..llm.usage import Budget
+from ..run.events import (
     AggregateErrorEvent,
     AppliedEvent,
     CandidateEvent,
@@ -34,13 +39,17 @@ from ..events import (
     RolloutEvent,
     StepRecord,
 )
-from ..guides import Guide
-from ..llm.base import Model
-from ..llm.errors import BudgetExceeded, LLMError
-from ..llm.usage import Budget
-from ..optimizers import BatchProposer, Optimizer, Proposal, Proposer
-from ..rollout import Rollout, RolloutExecutor, mean_score
-from ..search.acceptance import (
+from ..search.aggregation import Aggregator, Candidate
+from ..search.batching import ProposalBatching
+from ..search.candidates import CandidateSource
+from ..search.components import ComponentSelector, focused
+from ..search.holdout import HoldOut
+from ..search.merge import LineageMerge, MergePlan
+from ..search.pool import START_ID, CandidatePool, check_objectives
+from ..search.proposers import BatchProposer, Optimizer, Proposal, Proposer
+from ..search.registry import make
+from ..search.selection import CandidateSelector
+from ..search.validation import (
     DatasetValidation,
     Decision,
     MinibatchFirst,
@@ -50,13 +59,6 @@ from ..search.acceptance import (
     by_score,
     make_validation,
 )
-from ..search.batching import ProposalBatching, make_batching
-from ..search.candidates import CandidateSource, make_candidate_source
-from ..search.components import ComponentSelector, focused, make_component_selector
-from ..search.holdout import HoldOut
-from ..search.merge import LineageMerge, MergePlan
-from ..search.pool import START_ID, CandidatePool, check_objectives
-from ..search.selection import CandidateSelector, make_selector
 from .failures import check_failures
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
@@ -147,16 +149,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         components: str | ComponentSelector = "all",
     ) -> None:
         super().__init__(agent, concurrency=concurrency, executor=executor)
-        self.batching = make_batching(proposals)
+        self.batching = make("proposals", proposals)
         self.proposals = self.batching.name
-        self.components = make_component_selector(components)
+        self.components = make("components", components)
         self._focus: list[str] | None = None  # the parameters this step proposes for
         self.proposers: list[Proposer] = _check_proposers(optimizer)
         self.optimizer = self.proposers[0]
         if llm is None:
             llm = next((p.model for p in self.proposers if isinstance(p, Optimizer)), None)
         self.aggregator = aggregator or Aggregator(llm, max_tokens=max_tokens)
-        self.candidate_source = make_candidate_source(candidates, self.aggregator)
+        self.candidate_source = make("candidates", candidates, aggregator=self.aggregator)
         self.auto_validation = isinstance(validation, str) and validation == "auto"
         self.holdout = holdout or HoldOut()
         # With "auto", the split is made when train() sees the data; until then (e.g. for a
@@ -164,7 +166,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self.validation = MinibatchValidation() if self.auto_validation else make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
-        self.selector = make_selector(selection)
+        self.selector = make("selection", selection)
         self.selection = self.selector.name
         if self.selector.uses_pool and not self.auto_validation and not isinstance(self.validation, DatasetValidation):
             raise OptoValueError(

@@ -4,50 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
-from .._async import run_sync
-from ..agent import Agent
-from ..data import load_dataset
-from ..guides import Guide
-from ..parameters import ParameterValues
-from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
-from ..stats import Interval, score_interval
+from .._util.async_tools import run_sync
+from ..core.agent import Agent
+from ..core.data import load_dataset
+from ..core.guides import Guide
+from ..core.parameters import ParameterValues
+from ..core.rollout import Rollout
+from ..executors.local import AsyncioExecutor, RolloutExecutor
+from ..run.results import EvalResult
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, check_failures, validate_max_failures
 
-__all__ = ["EvalResult", "aevaluate", "evaluate"]
-
-
-class EvalResult(BaseModel):
-    """Scores of one evaluation. `mean` and `std` skip unjudged (None) scores; `n_failed`
-    counts examples whose agent or guide raised."""
-
-    mean: float | None
-    std: float | None
-    n: int
-    n_failed: int
-    scores: list[float | None]
-    outputs: list[Any]
-    # A 95% interval of `mean` (Wilson's for 0/1 scores, else a seeded bootstrap over examples).
-    interval: Interval | None = None
-    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
-
-    @classmethod
-    def from_rollouts(cls, rollouts: list[Rollout]) -> EvalResult:
-        scores = [r.score for r in rollouts]
-        judged = [s for s in scores if s is not None]
-        return cls(
-            mean=mean_score(rollouts),
-            interval=score_interval(scores),
-            std=float(np.std(judged)) if judged else None,
-            n=len(rollouts),
-            n_failed=sum(r.failed for r in rollouts),
-            scores=scores,
-            outputs=[r.output for r in rollouts],
-            rollouts=rollouts,
-        )
+__all__ = ["aevaluate", "evaluate"]
 
 
 async def aevaluate(

@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.rollout import Rollout
 from ..errors import OptoError, OptoTypeError, OptoValueError
-from ..rollout import Rollout
 
 __all__ = ["FailureLog", "TooManyFailures", "check_failures", "validate_max_failures"]
 

@@ -15,26 +15,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .._async import run_sync
-from ..agent import Agent
-from ..callbacks import Callback, CallbackList, deliver_step
-from ..data import DataLoader, Example, load_dataset
+from .._util.async_tools import run_sync
+from ..core.agent import Agent
+from ..core.data import DataLoader, Example, load_dataset
+from ..core.guides import Guide, check_examples
 from ..errors import OptoTypeError, OptoValueError
-from ..events import LedgerEvent, RolloutEvent, StepRecord
-from ..guides import Guide, check_examples
-from ..ledger import Checkpoint, RunDir, RunDirWriter
+from ..executors.local import AsyncioExecutor, RolloutExecutor
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
-from ..rollout import AsyncioExecutor, RolloutExecutor
+from ..run.callbacks import Callback, CallbackList, deliver_step
+from ..run.events import LedgerEvent, RolloutEvent, StepRecord
+from ..run.ledger import Checkpoint, RunDir, RunDirWriter
+from ..run.results import EvalResult, TrainResult
 from ..search.stopping import RunProgress, StopCondition
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
-from .evaluation import EvalResult, aevaluate
+from .evaluation import aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 from .options import check_flag, check_int, check_number
 from .resume import open_run
 
-__all__ = ["Minibatch", "StepContext", "StepOutcome", "TrainResult"]
+__all__ = ["Minibatch", "StepContext", "StepOutcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,70 +76,6 @@ class StepOutcome(BaseModel):
     candidate_score: float | None = None
     update: dict[str, Any] = Field(default_factory=dict)
     note: str = ""
-
-
-class TrainResult(BaseModel):
-    """What a `train` call did: scores, decisions, usage and the final values.
-
-    `test_scores` are `(step, mean)` pairs, step 0 being before any update;
-    `test_intervals` their 95% intervals, {step: (low, high)} (`opto.stats.score_interval`).
-    `stopped_reason` is None for a run that finished, else why it stopped early.
-    `train_failed` counts each step's failed rollouts (the agent or guide raised), and
-    `test_failed` each evaluation's, {step: count}: a failed rollout scores `min_score`
-    (0.0 by default) in every mean, and these say how many there were.
-    `diagnosis` says why nothing was accepted, or why a candidate that scored above the
-    current values was rejected (what the rule needed and the option that changes it);
-    None when there is nothing to explain. `best_rejected_win` is that decision's record.
-    """
-
-    train_scores: list[float | None] = Field(default_factory=list)
-    test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
-    test_intervals: dict[int, tuple[float, float] | None] = Field(default_factory=dict)
-    steps: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    no_update: int = 0
-    usage: UsageStats = Field(default_factory=UsageStats)
-    usage_by_model: dict[str, UsageStats] = Field(default_factory=dict)
-    final_parameters: dict[str, Any] = Field(default_factory=dict)
-    stopped_reason: str | None = None
-    run_dir: str | None = None
-    seconds: float = 0.0
-    train_failed: list[int] = Field(default_factory=list)
-    test_failed: dict[int, int] = Field(default_factory=dict)
-    rejected_wins: int = 0
-    best_rejected_win: dict[str, Any] | None = None
-    diagnosis: str | None = None
-
-    @property
-    def initial_test_score(self) -> float | None:
-        return self.test_scores[0][1] if self.test_scores else None
-
-    @property
-    def final_test_score(self) -> float | None:
-        return self.test_scores[-1][1] if self.test_scores else None
-
-    @property
-    def initial_test_interval(self) -> tuple[float, float] | None:
-        return self.test_intervals.get(self.test_scores[0][0]) if self.test_scores else None
-
-    @property
-    def final_test_interval(self) -> tuple[float, float] | None:
-        return self.test_intervals.get(self.test_scores[-1][0]) if self.test_scores else None
-
-    @property
-    def initial_test_failed(self) -> int | None:
-        """Failed examples of the first test evaluation (None: no test set)."""
-        return self.test_failed.get(self.test_scores[0][0]) if self.test_scores else None
-
-    @property
-    def final_test_failed(self) -> int | None:
-        """Failed examples of the last test evaluation (None: no test set)."""
-        return self.test_failed.get(self.test_scores[-1][0]) if self.test_scores else None
-
-    @property
-    def cost_usd(self) -> float:
-        return self.usage.cost_usd
 
 
 def _merge_usage(*parts: dict[str, UsageStats]) -> dict[str, UsageStats]:

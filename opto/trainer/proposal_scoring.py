@@ -29,15 +29,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from .._async import gather_all
-from .._io import json_key
-from ..agent import Agent
-from ..data import Example
+from .._util.async_tools import gather_all
+from .._util.files import json_key
+from ..core.agent import Agent
+from ..core.data import Example
+from ..core.guides import Guide
+from ..core.rollout import Rollout, mean_score
 from ..errors import OptoValueError
-from ..events import ProposalScore, ProposalScoreEvent, RolloutEvent
-from ..guides import Guide
-from ..optimizers import Proposal
-from ..rollout import AsyncioExecutor, Rollout, RolloutExecutor, mean_score
+from ..executors.local import AsyncioExecutor, RolloutExecutor
+from ..run.events import ProposalScore, ProposalScoreEvent, RolloutEvent
+from ..search.proposers import Proposal
 from .minibatch import StepContext
 
 __all__ = ["PROPOSAL_SCORING_MODES", "ProposalScore", "check_score_proposals", "score_proposals"]

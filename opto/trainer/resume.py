@@ -13,12 +13,12 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from .._io import read_jsonl
-from ..agent import Agent
-from ..data import DataLoader
+from .._util.files import read_jsonl
+from ..core.agent import Agent
+from ..core.data import DataLoader
 from ..errors import RunDirError
-from ..finetune.switch import apply_switches, recorded_switches
-from ..ledger import Checkpoint, RunDir, damaged, read_json_object
+from ..run.ledger import Checkpoint, RunDir, damaged, read_json_object
+from ..run.switches import apply_switches, recorded_switches
 
 __all__ = ["RESUME_KEYS", "open_run"]
 

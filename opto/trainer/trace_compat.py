@@ -12,15 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .._async import run_sync
-from ..agent import Agent
-from ..data import Example
+from .._util.async_tools import run_sync
+from ..core.agent import Agent
+from ..core.data import Example
+from ..core.guides import Guide
+from ..core.parameters import Parameter
+from ..core.rollout import Rollout, run_rollout
 from ..errors import OptoValueError
-from ..events import StepRecord
-from ..guides import Guide
-from ..optimizers import Proposal
-from ..parameters import Parameter
-from ..rollout import Rollout, run_rollout
+from ..run.events import StepRecord
+from ..search.proposers import Proposal
 from .minibatch import StepContext, StepOutcome
 
 __all__ = ["InstanceOutput", "TraceCompatible"]

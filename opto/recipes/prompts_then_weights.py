@@ -1,0 +1,458 @@
+"""Prompts, then weights: the demo agent's prompt optimized, distilled into the model, and optimized again.
+
+`prompts_then_weights` (and `opto demo --finetune {sft,dpo,grpo}`) chains, in one run
+directory, on the embedded SmolLM2-135M-Instruct (or any model with a Hugging Face folder):
+
+1. **zero-shot**: the few-shot agent with no demos, measured on the test split;
+2. **prompt**: its prompt and demos optimized as `opto demo` does (``RUN/prompt``);
+3. **sft**, **dpo** or **grpo**: the optimized agent answers every training example
+   `samples` times (`opto.collect`, ``RUN/collect``); its replies become training data
+   *in the zero-shot form* (system prompt and question, no demos): the correct replies
+   for SFT; for DPO a correct reply over what the model itself answers zero-shot (its
+   own greedy reply when wrong, else a wrong sample); the judged groups for GRPO
+   (``RUN/data``). `TRLAdapter` tunes a LoRA adapter on the base model's folder
+   (``RUN/finetune``), `switch_model` points the agent at it (recorded in
+   ``RUN/models.json``), and the tuned model is asked zero-shot: a distilled model costs
+   a fraction of the prompt tokens per call;
+4. **prompt-again** (unless `again=False`): the prompt and demos optimized once more, now
+   with the tuned model answering (``RUN/prompt-again``).
+
+Each stage ends with its test accuracy, 95% interval, prompt tokens per test call, the
+stage's model calls and seconds as one line of ``RUN/metrics.jsonl``. A stopped run
+continues with `resume=True` from the stage it was in: a finished stage is not run
+again, the prompt stages resume their own run directories, the collection skips the
+examples it wrote, and a fine-tuning job that was running is waited for (its worker
+outlives the process), or submitted again when its worker died with the machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from .._util.async_tools import run_sync
+from .._util.files import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl
+from ..core.data import Example
+from ..core.guides import ExactMatchGuide
+from ..core.stats import paired_change
+from ..datasets import bigbench
+from ..errors import OptoValueError, RunDirError
+from ..finetune.base import FineTuneError, TrainingJobStatus
+from ..finetune.switch import switch_model
+from ..llm.base import Model
+from ..llm.usage import UsageStats, meter_usage
+from ..report.stages import SETTINGS_FILE
+from ..run.ledger import RunDir, read_json_object
+from ..run.switches import apply_recorded_switches, recorded_switches
+from ..trainer.collection import acollect
+from ..trainer.evaluation import aevaluate
+from .demo import DEMO_TASK, FewShotAgent, demo_trainer
+
+__all__ = ["METHODS", "STAGES", "StageResult", "WeightsReport", "aprompts_then_weights", "prompts_then_weights"]
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("sft", "dpo", "grpo")
+STAGES = ("zero-shot", "prompt", "sft", "dpo", "grpo", "prompt-again")
+Stage = Literal["zero-shot", "prompt", "sft", "dpo", "grpo", "prompt-again"]
+
+#: What the fine-tuning stage trains with unless `finetune=` says otherwise (LoRA r 16 on
+#: every linear layer, 2 epochs, batches of 16: about 3-5 CPU minutes for 256 examples).
+FINETUNE_DEFAULTS: dict[str, Any] = {
+    "lora": {"r": 16, "lora_alpha": 32},
+    "learning_rate": 5e-4,
+    "num_train_epochs": 2.0,
+    "per_device_train_batch_size": 16,
+    "max_length": 256,
+}
+_METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sft": {},
+    "dpo": {"learning_rate": 1e-4, "beta": 0.1},
+    "grpo": {"learning_rate": 1e-4, "beta": 0.0},
+}
+_SETTINGS = SETTINGS_FILE
+_JOB = "finetune.json"
+
+
+class StageResult(BaseModel):
+    """One stage's figures (a line of ``RUN/metrics.jsonl``)."""
+
+    stage: Stage
+    test_accuracy: float
+    test_interval: tuple[float, float]
+    prompt_tokens_per_call: float = Field(description="mean prompt tokens of the agent's calls on the test split")
+    calls: int = Field(description="model calls of the whole stage: optimizing, collecting and testing")
+    seconds: float
+    model: str
+    parameters: dict[str, Any] = Field(default_factory=dict, description="the agent's values when tested")
+    train_records: int | None = Field(None, description="fine-tuning records the stage trained on")
+    scores: list[float | None] = Field(default_factory=list, description="per test example, in test order")
+
+
+class WeightsReport(BaseModel):
+    """What `prompts_then_weights` did; `opto demo --finetune ... --json` prints it (without scores)."""
+
+    task: str
+    seed: int
+    method: str
+    run_dir: str
+    stages: list[StageResult]
+    # The last stage against the prompt stage, paired over the test examples.
+    chain_change: float | None = None
+    chain_change_interval: tuple[float, float] | None = None
+    seconds: float = 0.0
+
+    def stage(self, name: str) -> StageResult | None:
+        return next((s for s in self.stages if s.stage == name), None)
+
+
+def prompts_then_weights(model: Model | None = None, **kwargs: Any) -> WeightsReport:
+    """Synchronous `aprompts_then_weights` (also inside a running event loop)."""
+    return run_sync(aprompts_then_weights(model, **kwargs))
+
+
+async def aprompts_then_weights(
+    model: Model | None = None,
+    *,
+    run_dir: str | Path,
+    method: str = "sft",
+    again: bool = True,
+    task: str = DEMO_TASK,
+    seed: int = 0,
+    train_n: int = 12,
+    validation_n: int = 24,
+    test_n: int = 64,
+    collect_n: int = 256,
+    samples: int = 4,
+    temperature: float = 0.7,
+    base_folder: str | Path | None = None,
+    finetune: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    progress: bool = True,
+) -> WeightsReport:
+    """Optimize the demo agent's prompt, fine-tune its model on what the optimized agent
+    answers, switch to the tuned model, optionally optimize the prompt again; measure each
+    stage on the test split (see the module docstring).
+
+    Args:
+        model: the base model: the agent's, and the optimizer's in both prompt stages
+            (default: the embedded SmolLM2 through llama.cpp).
+        run_dir: the run directory of the whole chain.
+        method: "sft", "dpo" or "grpo".
+        again: optimize the prompt once more with the tuned model.
+        task: the shipped BIG-bench task, as for `opto demo --task`.
+        seed: the split and shuffle seed.
+        train_n: training examples of the prompt stages.
+        validation_n: validation examples of the prompt stages.
+        test_n: held-out test examples every stage is measured on.
+        collect_n: training examples the optimized agent answers for the training data.
+        samples: answers per collected example.
+        temperature: their sampling temperature.
+        base_folder: the Hugging Face folder of `model`'s weights, to fine-tune (default:
+            the embedded model's, converted once, `embedded_model_folder()`).
+        finetune: `TRLAdapter` settings over `FINETUNE_DEFAULTS` (e.g. `{"max_steps": 4}`).
+        resume: continue the chain in `run_dir` (the same settings) from its stage.
+    """
+    if method not in METHODS:
+        raise OptoValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    started = time.monotonic()
+    run = Path(run_dir)
+    settings = {
+        "method": method,
+        "again": again,
+        "task": task,
+        "seed": seed,
+        "train_n": train_n,
+        "validation_n": validation_n,
+        "test_n": test_n,
+        "collect_n": collect_n,
+        "samples": samples,
+        "temperature": temperature,
+        "finetune": dict(finetune or {}),
+    }
+    done = _start(run, settings, resume)
+    stages: list[Stage] = ["zero-shot", "prompt", method, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
+    owned = model is None
+    if model is None:
+        from ..llm.local import LocalModel
+
+        model = LocalModel()
+    chain = _Chain(run, model, settings, bigbench(task, split="test", n=test_n, seed=seed), base_folder, progress)
+    try:
+        for stage in stages:
+            if stage in done:
+                continue
+            logger.info("stage %s", stage)
+            stage_started = time.monotonic()
+            with meter_usage() as meter:
+                result = await chain.run(stage, done)
+            result.calls = sum((s for s in meter.by_model.values()), UsageStats()).calls
+            result.seconds = round(time.monotonic() - stage_started, 3)
+            append_jsonl(run / "metrics.jsonl", [{"step": stages.index(stage), **result.model_dump(mode="json")}])
+            done[stage] = result
+    finally:
+        if owned:
+            await model.aclose()
+    return _report(settings, run, [done[s] for s in stages], time.monotonic() - started)
+
+
+class _Chain:
+    """The stages, each given the results of the ones before it."""
+
+    def __init__(
+        self,
+        run: Path,
+        model: Model,
+        settings: dict[str, Any],
+        test: list[Example],
+        base_folder: str | Path | None,
+        progress: bool,
+    ):
+        self.folder, self.model, self.settings, self.test, self.progress = run, model, settings, test, progress
+        self.base_folder = base_folder
+        self.guide = ExactMatchGuide()
+
+    async def run(self, stage: str, done: dict[str, StageResult]) -> StageResult:
+        if stage == "zero-shot":
+            return await self._measure("zero-shot", FewShotAgent(self.model))
+        if stage == "prompt":
+            agent = await self._optimize(FewShotAgent(self.model), self.folder / "prompt")
+            return await self._measure("prompt", agent)
+        if stage == "prompt-again":
+            agent = self._tuned_agent()
+            agent.apply(done[self.settings["method"]].parameters)
+            agent = await self._optimize(agent, self.folder / "prompt-again")
+            return await self._measure("prompt-again", agent)
+        return await self._finetune(stage, done["prompt"].parameters)
+
+    async def _optimize(self, agent: FewShotAgent, folder: Path) -> FewShotAgent:
+        s = self.settings
+        trainer = demo_trainer(agent, self.model, task=s["task"], validation_n=s["validation_n"], seed=s["seed"])
+        await trainer.atrain(
+            self.guide,
+            bigbench(s["task"], split="train", n=s["train_n"], seed=s["seed"]),
+            batch_size=4,
+            run_dir=folder,
+            resume=(folder / "checkpoint.json").exists(),
+            seed=s["seed"],
+            progress=self.progress,
+        )
+        return agent
+
+    async def _finetune(self, method: str, prompted: dict[str, Any]) -> StageResult:
+        agent = FewShotAgent(self.model)
+        agent.apply(prompted)
+        records = await self._training_data(agent, method)
+        if not recorded_switches(self.folder):
+            status = await self._train(method, records)
+            switch_model(agent, status, run_dir=self.folder)
+        tuned = self._tuned_agent()
+        tuned.apply({**prompted, "demos": []})  # distilled: asked zero-shot
+        result = await self._measure(method, tuned)  # type: ignore[arg-type]
+        result.train_records = len(read_jsonl(records))
+        return result
+
+    async def _training_data(self, agent: FewShotAgent, method: str) -> Path:
+        """The optimized agent's answers on the training split, as `method`'s records in the zero-shot form."""
+        s = self.settings
+        out = self.folder / "data" / f"{method}.jsonl"
+        if out.exists():
+            return out
+        examples = bigbench(s["task"], split="train", n=s["collect_n"], seed=s["seed"])
+        folder = self.folder / "collect"
+        await acollect(
+            agent,
+            self.guide,
+            examples,
+            samples=s["samples"],
+            temperature=s["temperature"],
+            seed=s["seed"],
+            run_dir=folder,
+            resume=(folder / "collect.json").exists(),
+            progress=self.progress,
+        )
+        answers: dict[str, list[tuple[str, float]]] = {}
+        for record in RunDir(folder).ledger():
+            if record.get("type") == "rollout" and record.get("output") is not None:
+                reply = (str(record["output"]), record.get("score") or 0.0)
+                answers.setdefault(record["instance_id"], []).append(reply)
+        own = await self._own_replies(agent, examples) if method == "dpo" else {}
+        questions = {e.id: e.x for e in examples}
+        rows = [
+            row
+            for example_id, replies in answers.items()
+            for row in _records(
+                method, agent.messages(questions[example_id], demos=False), replies, own.get(example_id)
+            )
+        ]
+        if not rows:
+            raise FineTuneError(
+                f"the optimized agent gave no usable {method} data on {len(examples)} training "
+                f"examples (see {folder}); collect more examples or samples"
+            )
+        atomic_write_jsonl(out, rows)
+        return out
+
+    async def _own_replies(self, agent: FewShotAgent, examples: list[Example]) -> dict[str, tuple[str, float]]:
+        """What the model to be tuned answers itself in the zero-shot form (greedy), judged:
+        DPO's rejected replies, so it learns away from what it would say (kept in data/)."""
+        path = self.folder / "data" / "own-replies.json"
+        if path.exists():
+            return {k: (v[0], v[1]) for k, v in read_json_object(path).items()}
+        untuned = FewShotAgent(self.model)
+        untuned.apply({**agent.stored_values(), "demos": []})
+        result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
+        own = {
+            str(e.id): (str(output), score or 0.0)
+            for e, output, score in zip(examples, result.outputs, result.scores)
+            if output is not None
+        }
+        atomic_write_json(path, {k: list(v) for k, v in own.items()})
+        return own
+
+    async def _train(self, method: str, records: Path) -> TrainingJobStatus:
+        """Fine-tune the base folder on `records`; a job this run started earlier is waited for."""
+        from ..finetune.trl_adapter import TRLAdapter
+        from ..llm.transformers_model import embedded_model_folder
+
+        options = {
+            **FINETUNE_DEFAULTS,
+            **_METHOD_DEFAULTS[method],
+            "seed": self.settings["seed"],
+            **self.settings["finetune"],
+        }
+        adapter = TRLAdapter(
+            self.base_folder or embedded_model_folder(), output_dir=self.folder / "finetune", method=method, **options
+        )
+        job = self.folder / _JOB
+        if job.exists():
+            status = await adapter.status(str(read_json_object(job).get("job_id")))
+            if status.status in ("pending", "running"):
+                logger.info("waiting for fine-tuning job %s, started before the restart", status.job_id)
+                status = await adapter.wait_until_complete(status.job_id, poll_interval=2)
+            if status.succeeded:
+                return status
+            logger.warning(
+                "fine-tuning job %s %s (%s); submitting it again", status.job_id, status.status, status.message
+            )
+        ref = await adapter.submit(records)
+        atomic_write_json(job, {"job_id": ref.job_id})
+        status = await adapter.wait_until_complete(ref, poll_interval=2)
+        if not status.succeeded:
+            raise FineTuneError(
+                f"fine-tuning job {ref.job_id} {status.status}: {status.message} (log: "
+                f"{self.folder / 'finetune' / ref.job_id / 'train.log'}); resume=True submits it again"
+            )
+        return status
+
+    def _tuned_agent(self) -> FewShotAgent:
+        """The few-shot agent on the tuned model, as the run directory's switch says."""
+        agent = FewShotAgent(self.model)
+        if not apply_recorded_switches(agent, self.folder):
+            raise RunDirError(f"{self.folder} records no switch to a tuned model; run the fine-tuning stage first")
+        return agent
+
+    async def _measure(self, stage: Stage, agent: FewShotAgent) -> StageResult:
+        with meter_usage() as meter:
+            result = await aevaluate(agent, self.guide, self.test, concurrency=16, progress=self.progress)
+        usage = sum(meter.by_model.values(), UsageStats())
+        interval = result.interval
+        return StageResult(
+            stage=stage,
+            test_accuracy=result.mean or 0.0,
+            test_interval=(interval.low, interval.high) if interval else (0.0, 0.0),
+            prompt_tokens_per_call=round(usage.prompt_tokens / max(usage.calls, 1), 1),
+            calls=0,
+            seconds=0.0,
+            model=agent.model.name,
+            parameters=agent.stored_values(),
+            scores=result.scores,
+        )
+
+
+def _records(
+    method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]], own: tuple[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """One example's training records: the first correct reply (sft); a correct reply over
+    the model's `own` zero-shot reply when that is wrong, else over a wrong sample (dpo);
+    or the whole judged group (grpo)."""
+    right = [text for text, score in replies if score >= 1.0]
+    wrong = [text for text, score in replies if score < 1.0 and text not in right]
+    if own is not None and own[1] < 1.0 and own[0] not in right:
+        wrong.insert(0, own[0])
+    if method == "sft":
+        return [{"messages": [*prompt, {"role": "assistant", "content": right[0]}]}] if right else []
+    if method == "dpo":
+        return (
+            [
+                {
+                    "prompt": prompt,
+                    "chosen": [{"role": "assistant", "content": right[0]}],
+                    "rejected": [{"role": "assistant", "content": wrong[0]}],
+                }
+            ]
+            if right and wrong
+            else []
+        )
+    return [
+        {
+            "trajectories": [
+                {
+                    "messages_and_choices": [
+                        *prompt,
+                        {"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": text}},
+                    ],
+                    "reward": score,
+                }
+                for text, score in replies
+            ]
+        }
+    ]
+
+
+def _start(run: Path, settings: dict[str, Any], resume: bool) -> dict[str, StageResult]:
+    """The stages already finished; a new chain refuses a folder that holds one."""
+    path = run / _SETTINGS
+    if not path.exists():
+        if (run / "metrics.jsonl").exists():
+            raise RunDirError(f"{run} holds metrics.jsonl but no {_SETTINGS}; choose another run_dir")
+        run.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, settings)
+        return {}
+    if not resume:
+        raise RunDirError(
+            f"{run} already holds a prompts-then-weights run; pass resume=True (--resume) to continue "
+            "it, or choose another run_dir"
+        )
+    saved = read_json_object(path)
+    changed = [k for k in settings if saved.get(k) != settings[k]]
+    if changed:
+        raise RunDirError(
+            f"cannot resume {run}: it was started with "
+            + ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
+            + "; this call has "
+            + ", ".join(f"{k}={settings[k]!r}" for k in changed)
+        )
+    return {r["stage"]: StageResult.model_validate(r) for r in read_jsonl(run / "metrics.jsonl")}
+
+
+def _report(settings: dict[str, Any], run: Path, stages: list[StageResult], seconds: float) -> WeightsReport:
+    report = WeightsReport(
+        task=settings["task"],
+        seed=settings["seed"],
+        method=settings["method"],
+        run_dir=str(run),
+        stages=stages,
+        seconds=round(seconds, 1),
+    )
+    prompt, last = report.stage("prompt"), stages[-1]
+    change = paired_change(prompt.scores, last.scores) if prompt is not None and last is not prompt else None
+    if change is not None:
+        report.chain_change = change.difference
+        report.chain_change_interval = (change.interval.low, change.interval.high)
+    return report

@@ -1,0 +1,112 @@
+"""What a run returns: `TrainResult` (a `train` call) and `EvalResult` (one evaluation).
+
+They live here, below the trainer that makes them, so that callbacks and reports can
+name them without importing the training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from ..core.rollout import Rollout, mean_score
+from ..core.stats import Interval, score_interval
+from ..llm.usage import UsageStats
+
+__all__ = ["EvalResult", "TrainResult"]
+
+
+class EvalResult(BaseModel):
+    """Scores of one evaluation. `mean` and `std` skip unjudged (None) scores; `n_failed`
+    counts examples whose agent or guide raised."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    n_failed: int
+    scores: list[float | None]
+    outputs: list[Any]
+    # A 95% interval of `mean` (Wilson's for 0/1 scores, else a seeded bootstrap over examples).
+    interval: Interval | None = None
+    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+
+    @classmethod
+    def from_rollouts(cls, rollouts: list[Rollout]) -> EvalResult:
+        scores = [r.score for r in rollouts]
+        judged = [s for s in scores if s is not None]
+        return cls(
+            mean=mean_score(rollouts),
+            interval=score_interval(scores),
+            std=float(np.std(judged)) if judged else None,
+            n=len(rollouts),
+            n_failed=sum(r.failed for r in rollouts),
+            scores=scores,
+            outputs=[r.output for r in rollouts],
+            rollouts=rollouts,
+        )
+
+
+class TrainResult(BaseModel):
+    """What a `train` call did: scores, decisions, usage and the final values.
+
+    `test_scores` are `(step, mean)` pairs, step 0 being before any update;
+    `test_intervals` their 95% intervals, {step: (low, high)} (`opto.core.stats.score_interval`).
+    `stopped_reason` is None for a run that finished, else why it stopped early.
+    `train_failed` counts each step's failed rollouts (the agent or guide raised), and
+    `test_failed` each evaluation's, {step: count}: a failed rollout scores `min_score`
+    (0.0 by default) in every mean, and these say how many there were.
+    `diagnosis` says why nothing was accepted, or why a candidate that scored above the
+    current values was rejected (what the rule needed and the option that changes it);
+    None when there is nothing to explain. `best_rejected_win` is that decision's record.
+    """
+
+    train_scores: list[float | None] = Field(default_factory=list)
+    test_scores: list[tuple[int, float | None]] = Field(default_factory=list)
+    test_intervals: dict[int, tuple[float, float] | None] = Field(default_factory=dict)
+    steps: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    no_update: int = 0
+    usage: UsageStats = Field(default_factory=UsageStats)
+    usage_by_model: dict[str, UsageStats] = Field(default_factory=dict)
+    final_parameters: dict[str, Any] = Field(default_factory=dict)
+    stopped_reason: str | None = None
+    run_dir: str | None = None
+    seconds: float = 0.0
+    train_failed: list[int] = Field(default_factory=list)
+    test_failed: dict[int, int] = Field(default_factory=dict)
+    rejected_wins: int = 0
+    best_rejected_win: dict[str, Any] | None = None
+    diagnosis: str | None = None
+
+    @property
+    def initial_test_score(self) -> float | None:
+        return self.test_scores[0][1] if self.test_scores else None
+
+    @property
+    def final_test_score(self) -> float | None:
+        return self.test_scores[-1][1] if self.test_scores else None
+
+    @property
+    def initial_test_interval(self) -> tuple[float, float] | None:
+        return self.test_intervals.get(self.test_scores[0][0]) if self.test_scores else None
+
+    @property
+    def final_test_interval(self) -> tuple[float, float] | None:
+        return self.test_intervals.get(self.test_scores[-1][0]) if self.test_scores else None
+
+    @property
+    def initial_test_failed(self) -> int | None:
+        """Failed examples of the first test evaluation (None: no test set)."""
+        return self.test_failed.get(self.test_scores[0][0]) if self.test_scores else None
+
+    @property
+    def final_test_failed(self) -> int | None:
+        """Failed examples of the last test evaluation (None: no test set)."""
+        return self.test_failed.get(self.test_scores[-1][0]) if self.test_scores else None
+
+    @property
+    def cost_usd(self) -> float:
+        return self.usage.cost_usd

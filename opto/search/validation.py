@@ -1,0 +1,470 @@
+"""Validation policies: decide whether a candidate update is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from .._util.files import json_key
+from ..core.agent import Agent
+from ..core.data import Example, load_dataset
+from ..core.guides import Guide
+from ..core.rollout import Rollout, mean_score
+from ..core.stats import holm, paired_test
+from ..errors import OptoValueError
+from ..executors.local import AsyncioExecutor, RolloutExecutor
+from .registry import make, names
+
+__all__ = [
+    "Decision",
+    "DatasetValidation",
+    "MinibatchFirst",
+    "MinibatchValidation",
+    "NoValidation",
+    "Validation",
+    "by_score",
+    "make_validation",
+]
+
+
+class Decision(BaseModel):
+    """The verdict on one candidate, with the scores it was based on."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    candidate_id: str
+    accepted: bool
+    current_score: float | None = None
+    candidate_score: float | None = None
+    reason: str = ""
+    # MinibatchFirst: "minibatch" when the batch alone decided (a rejection), "dataset" when
+    # the candidate went on to the validation set; "race" when a race dropped it part-way.
+    # `rollouts_saved` counts the validation rollouts such a rejection did not need.
+    stage: str | None = None
+    rollouts_saved: int = 0
+    rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    current_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # The candidate's rollouts on the step's batch when it was screened there first.
+    screening_rollouts: list[Rollout] = Field(default_factory=list, exclude=True, repr=False)
+    # With `alpha`: the paired test of "not better" on the examples both were scored on.
+    test: str | None = None
+    p_value: float | None = None
+    difference: float | None = None
+    difference_interval: tuple[float, float] | None = None
+    # The examples the candidate won and lost against the current values (both scored),
+    # and the level the rule tested at: what `opto.trainer.diagnosis` explains a rejection by.
+    wins: int | None = None
+    losses: int | None = None
+    alpha: float | None = None
+    # Before the test: whether the candidate won, and on how many paired examples (for a
+    # step's second look at its best candidate, `MinibatchValidation.across_candidates`).
+    _won: bool = PrivateAttr(default=False)
+    _pairs: int = PrivateAttr(default=0)
+
+
+class ValidationContext(BaseModel):
+    """What a policy may use: the agent and guide, the step's batch and its rollouts."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    agent: Agent
+    guide: Guide
+    batch: list[Example]
+    current_rollouts: list[Rollout]
+    min_score: float | None = None
+    executor: RolloutExecutor = Field(default_factory=AsyncioExecutor)
+    improvement_threshold: float = 0.0
+    rollout_timeout: float | None = None
+
+
+class Validation:
+    """Base class: `decide` scores a candidate update against the current values."""
+
+    name = "custom"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        raise NotImplementedError
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        """The fewest agent runs this policy makes in one step (for the budget check)."""
+        return 0
+
+    def reset(self) -> None:
+        """Forget what was measured in an earlier run (called when a run starts)."""
+
+    def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
+        """The step's decisions once all its candidates are judged: with `alpha` and several
+        tested candidates, only the acceptances that survive Holm's correction."""
+        return holm_corrected(decisions, self.alpha)
+
+    alpha: float | None = None
+    accept_ties: bool = False
+
+    def compare(
+        self,
+        candidate_id: str,
+        current: Sequence[Rollout],
+        candidate: Sequence[Rollout],
+        threshold: float,
+    ) -> Decision:
+        """Accept only a strict improvement over current + threshold (a tie is rejected,
+        unless `accept_ties`);
+        with `alpha`, also only one that a one-sided paired test finds significant
+        (`opto.core.stats.paired_test`: the exact sign test for 0/1 scores, a paired bootstrap
+        for graded ones).
+
+        A candidate under which more examples fail (the agent or guide raised) is
+        rejected whatever its mean: with `min_score=None` failures are left out of
+        means, and a candidate must not win by breaking the examples it cannot do.
+        """
+        current_score, candidate_score = mean_score(current), mean_score(candidate)
+        current_failed, candidate_failed = sum(r.failed for r in current), sum(r.failed for r in candidate)
+        if candidate_failed > current_failed:
+            reason, accepted = (
+                f"the candidate failed on {candidate_failed} examples, the current values on {current_failed}",
+                False,
+            )
+        elif candidate_score is None:
+            reason, accepted = "the candidate could not be scored", False
+        elif current_score is None:
+            reason, accepted = "the current values could not be scored; the scored candidate wins", True
+        else:
+            accepted = candidate_score > current_score + threshold or (
+                self.accept_ties and candidate_score == current_score + threshold
+            )
+            relation = (">=" if candidate_score == current_score + threshold else ">") if accepted else "<="
+            reason = f"{candidate_score:.4f} {relation} {current_score:.4f} + {threshold}"
+        pairs = _paired_scores(current, candidate)
+        decision = Decision(
+            candidate_id=candidate_id,
+            accepted=accepted,
+            current_score=current_score,
+            candidate_score=candidate_score,
+            reason=reason,
+            rollouts=list(candidate),
+            current_rollouts=list(current),
+            wins=sum(b > a for a, b in pairs),
+            losses=sum(b < a for a, b in pairs),
+            alpha=self.alpha,
+        )
+        return self._significance(decision, pairs) if self.alpha is not None and pairs else decision
+
+    def _significance(self, decision: Decision, pairs: list[tuple[float, float]]) -> Decision:
+        """The decision with the paired test's verdict: a win that is not significant is rejected."""
+        found = paired_test([a for a, _ in pairs], [b for _, b in pairs])
+        significant = found.p_value <= self.alpha  # type: ignore[operator]
+        verdict = (
+            f"{found.test}: p = {found.p_value:.3g} {'<=' if significant else '>'} alpha = {self.alpha:g}, "
+            f"difference {found.difference:+.3f} [{found.interval.low:+.3f}, {found.interval.high:+.3f}]"
+        )
+        return decision.model_copy(
+            update={
+                "accepted": decision.accepted and significant,
+                "reason": f"{decision.reason}; {verdict}",
+                "test": found.test,
+                "p_value": found.p_value,
+                "difference": found.difference,
+                "difference_interval": (found.interval.low, found.interval.high),
+            }
+        )
+
+
+class NoValidation(Validation):
+    """Accept every candidate."""
+
+    name = "none"
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        return Decision(
+            candidate_id=candidate_id,
+            accepted=True,
+            current_score=mean_score(ctx.current_rollouts),
+            reason="validation='none' accepts every candidate",
+        )
+
+
+class MinibatchValidation(Validation):
+    """Re-run the step's batch with the candidate; the current scores are reused.
+
+    `alpha`: None accepts any strict win; a level (e.g. 0.1) accepts only a win that a
+    one-sided paired test on the batch finds significant at that level. A batch too small
+    for the test ever to reach `alpha` (n examples, 0.5**n > alpha: fewer than 4 at 0.1)
+    is judged by the strict win alone, and the decision's reason says so: a last short
+    batch of an epoch, or batches of 2, must not make acceptance impossible.
+
+    With several candidates in a step, only the one that scored best on the batch is
+    tested (ties go to the earlier candidate, the aggregator's merge before single
+    proposals), at `alpha` divided by the number of candidates (Bonferroni: a step's chance
+    of keeping a candidate that is not better stays near `alpha`), but never at a level
+    stricter than a clean sweep of the batch can pass (0.5**n on n examples). So a
+    candidate right on every example of its batch where the current values were wrong is
+    accepted at any batch size and with any number of candidates; with Holm's correction
+    alone, two candidates on a batch of 4 could never pass (1/16 > 0.05). The others are
+    rejected, and each decision's reason says how the step chose.
+    """
+
+    name = "minibatch"
+
+    def __init__(self, alpha: float | None = None) -> None:
+        self.alpha = check_alpha(alpha)
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates
+
+    def _significance(self, decision: Decision, pairs: list[tuple[float, float]]) -> Decision:
+        if self.alpha is not None and 0.5 ** len(pairs) > self.alpha:
+            note = (
+                f"a batch of {len(pairs)} is too small for the paired test to reach alpha = {self.alpha:g} "
+                "(a strict win decides)"
+            )
+            return decision.model_copy(update={"reason": f"{decision.reason}; {note}"})
+        tested = super()._significance(decision, pairs)
+        tested._won, tested._pairs = decision.accepted, len(pairs)
+        return tested
+
+    def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
+        """Test only the best candidate on the batch, at the step's level; reject the others."""
+        if len(decisions) < 2:
+            return decisions
+        best = max(range(len(decisions)), key=lambda i: (by_score(decisions[i]), -i))
+        chosen = decisions[best]
+        found = []
+        for index, decision in enumerate(decisions):
+            if index == best:
+                found.append(self._tested_as_the_best(decision, len(decisions)))
+                continue
+            note = (
+                f"not the step's choice: {chosen.candidate_id} scored {_fmt(chosen.candidate_score)} on the batch "
+                f"against {_fmt(decision.candidate_score)}, and only the best candidate is tested"
+            )
+            found.append(decision.model_copy(update={"accepted": False, "reason": f"{decision.reason}; {note}"}))
+        return found
+
+    def _tested_as_the_best(self, decision: Decision, candidates: int) -> Decision:
+        """The step's chosen candidate, its test redone at alpha / candidates (or the clean
+        sweep's level, if higher)."""
+        note = f"chosen as the best on the batch of {candidates} candidates, the only one tested"
+        if self.alpha is None or decision.p_value is None:
+            return decision.model_copy(update={"reason": f"{decision.reason}; {note}"})
+        level = max(self.alpha / candidates, 0.5**decision._pairs)
+        passed = decision.p_value <= level
+        note += (
+            f", at alpha/{candidates} or a clean sweep's 1/2^{decision._pairs}, whichever is higher: "
+            f"p = {decision.p_value:.3g} {'<=' if passed else '>'} {level:.3g}"
+        )
+        return decision.model_copy(
+            update={"accepted": decision._won and passed, "alpha": level, "reason": f"{decision.reason}; {note}"}
+        )
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        rollouts = await ctx.executor.run(
+            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
+        return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
+
+
+class DatasetValidation(Validation):
+    """Compare candidate and current values on a fixed validation dataset.
+
+    `alpha`: None accepts any strict win; a level (e.g. 0.05) accepts only a win that a
+    one-sided paired test on the validation examples finds significant (with several
+    candidates in a step, after Holm's correction for their number).
+
+    The current values' score is computed once per distinct set of values and reused,
+    also by candidates validated at the same time.
+
+    `accept_ties`: also accept a candidate that scores exactly as the current values on
+    the whole set. On a small set a tie often hides a real gain (the examples it would win
+    were answered right by luck), and moving on lets the search leave a plateau.
+
+    `race`: validate a candidate in chunks of this many examples (in an order drawn from
+    the update itself, so a resumed run draws the same) and stop as soon as it has lost
+    `behind` more examples than it won against the current values: most candidates are
+    worse, and each one dropped early saves the rest of the set. A dropped candidate is
+    rejected with `stage: "race"` and the rollouts it saved in `rollouts_saved`.
+    """
+
+    name = "dataset"
+
+    def __init__(
+        self,
+        dataset: Any,
+        alpha: float | None = None,
+        *,
+        race: int | None = None,
+        behind: int = 1,
+        accept_ties: bool = False,
+    ) -> None:
+        self.alpha = check_alpha(alpha)
+        self.accept_ties = accept_ties
+        self.examples: list[Example] = load_dataset(dataset)
+        if race is not None and (isinstance(race, bool) or not isinstance(race, int) or race < 1):
+            raise OptoValueError(f"race must be a chunk size >= 1 or None, got {race!r}")
+        if isinstance(behind, bool) or not isinstance(behind, int) or behind < 1:
+            raise OptoValueError(f"behind must be an int >= 1, got {behind!r}")
+        self.race = race
+        self.behind = behind
+        self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return len(self.examples) * (candidates + 1)  # the current values' too, the first time
+
+    def reset(self) -> None:
+        self._current = {}  # another run may have another agent model: nothing measured carries over
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        params = ctx.agent.parameters()
+        key = json_key({p.name: p.value for p in params})
+        cached = self._current.get(key)
+        if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
+            cached = self._current[key] = asyncio.ensure_future(
+                ctx.executor.run(
+                    ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+                )
+            )
+        if self.race is None:
+            rollouts = await ctx.executor.run(
+                ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+            )
+            return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
+        return await self._race(ctx, candidate_id, update, cached)
+
+    async def _race(
+        self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any], cached: asyncio.Future[list[Rollout]]
+    ) -> Decision:
+        """Validate chunk by chunk; drop the candidate once it is `behind` examples behind."""
+        order = list(self.examples)
+        random.Random(json_key({getattr(k, "name", k): v for k, v in update.items()})).shuffle(order)
+        current = {r.example_id: r for r in await asyncio.shield(cached)}
+        done: list[Rollout] = []
+        race = self.race or len(order)
+        for start in range(0, len(order), race):
+            done += await ctx.executor.run(
+                ctx.agent,
+                ctx.guide,
+                order[start : start + race],
+                values=update,
+                min_score=ctx.min_score,
+                timeout=ctx.rollout_timeout,
+            )
+            lost = sum(_sign(current[r.example_id].score, r.score) for r in done)
+            if lost >= self.behind and len(done) < len(order):
+                before = [current[r.example_id] for r in done]
+                decision = self.compare(candidate_id, before, done, ctx.improvement_threshold)
+                return decision.model_copy(
+                    update={
+                        "accepted": False,
+                        "stage": "race",
+                        "rollouts_saved": len(order) - len(done),
+                        "reason": f"dropped after {len(done)} of {len(order)} examples: {lost} more lost than won",
+                    }
+                )
+        return self.compare(candidate_id, list(current.values()), done, ctx.improvement_threshold)
+
+
+class MinibatchFirst(DatasetValidation):
+    """Screen a candidate on the step's batch first; validate on the dataset only one that
+    beats the current values there.
+
+    Most candidates lose on the batch they were proposed for, and each such loss saves a
+    whole validation run (GEPA's acceptance). The batch comparison is the minibatch rule
+    (a strict win by more than `improvement_threshold`); the dataset decides the rest.
+    Works with `selection="pareto"`: only candidates that reach the dataset join the pool.
+    """
+
+    name = "minibatch_first"
+
+    def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates  # a candidate that loses on the batch costs no more
+
+    async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        screened = await ctx.executor.run(
+            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
+        first = MinibatchValidation().compare(
+            candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold
+        )  # the screen: any strict win goes on
+        if not first.accepted:
+            return first.model_copy(
+                update={
+                    "stage": "minibatch",
+                    "rollouts_saved": len(self.examples),
+                    "rollouts": [],
+                    "screening_rollouts": screened,
+                    "reason": f"on the batch: {first.reason}; not validated on the dataset",
+                }
+            )
+        full = await super().decide(ctx, candidate_id, update)
+        return full.model_copy(
+            update={
+                "stage": full.stage or "dataset",
+                "screening_rollouts": screened,
+                "reason": f"on the batch: {first.reason}; on the dataset: {full.reason}",
+            }
+        )
+
+
+def _paired_scores(current: Sequence[Rollout], candidate: Sequence[Rollout]) -> list[tuple[float, float]]:
+    """(current, candidate) scores of the examples both were scored on."""
+    before = {r.example_id: r.score for r in current}
+    return [
+        (before[r.example_id], r.score)  # type: ignore[misc]
+        for r in candidate
+        if r.score is not None and before.get(r.example_id) is not None
+    ]
+
+
+def by_score(decision: Decision) -> float:
+    """Sort key: the candidate's score, unscored last."""
+    return float("-inf") if decision.candidate_score is None else decision.candidate_score
+
+
+def _fmt(score: float | None) -> str:
+    return "n/a" if score is None else f"{score:.3f}"
+
+
+def _sign(before: float | None, after: float | None) -> int:
+    """+1 where the candidate lost an example, -1 where it won, 0 for a tie (or no score)."""
+    if before is None or after is None or before == after:
+        return 0
+    return 1 if after < before else -1
+
+
+def holm_corrected(decisions: list[Decision], alpha: float | None) -> list[Decision]:
+    """With several tested candidates in one step, keep only the acceptances that survive
+    Holm's correction for their number (a family-wise level of `alpha`)."""
+    tested = [i for i, d in enumerate(decisions) if d.p_value is not None]
+    if alpha is None or len(tested) < 2:
+        return decisions
+    keep = holm([decisions[i].p_value for i in tested], alpha)  # type: ignore[misc]
+    found = list(decisions)
+    for index, survives in zip(tested, keep):
+        if found[index].accepted and not survives:
+            found[index] = found[index].model_copy(
+                update={
+                    "accepted": False,
+                    "reason": f"{found[index].reason}; not significant after Holm's correction for {len(tested)} candidates",
+                }
+            )
+    return found
+
+
+def check_alpha(alpha: float | None) -> float | None:
+    if alpha is not None and not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise OptoValueError(f"alpha must be a significance level in (0, 1), e.g. 0.05, or None; got {alpha!r}")
+    return alpha
+
+
+def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
+    """A registered name ("minibatch", "none"; `opto.search.registry`), a `Validation`, or
+    a dataset (anything `load_dataset` reads, such as a ".jsonl" path)."""
+    if isinstance(spec, str) and not spec.endswith(".jsonl") and spec not in names("validation"):
+        known = ", ".join(repr(name) for name in names("validation"))
+        raise OptoValueError(f"validation must be one of {known}, a dataset or a Validation; got {spec!r}")
+    if isinstance(spec, Validation) or isinstance(spec, str) and not spec.endswith(".jsonl"):
+        return make("validation", spec)
+    return DatasetValidation(spec)

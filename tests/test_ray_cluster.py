@@ -22,7 +22,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from opto.executors import RayExecutor  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray instance on the machine at a time
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

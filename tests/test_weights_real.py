@@ -14,7 +14,9 @@ import pytest
 from opto.cli import main
 from opto.run.switches import recorded_switches
 
-pytestmark = [pytest.mark.local_model, pytest.mark.trl, pytest.mark.timeout(900)]
+# the converted embedded model: made once for the whole run (conftest.py)
+pytestmark = [pytest.mark.local_model, pytest.mark.trl, pytest.mark.timeout(900),
+              pytest.mark.usefixtures("embedded_hf_model")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -33,12 +33,40 @@ def pytest_configure(config: pytest.Config) -> None:
             pass
 
 
+# Not on the real model, but the longest of the rest (a minute each on one core, mypy
+# with no cache as in CI): started early too, so that neither ends the run on one worker.
+LONG = ("test_static_checks.py::test_mypy", "test_extraction_fuzz.py::", "test_packaging.py::test_wheel")
+
+
+def _order(item: pytest.Item) -> int:
+    if item.get_closest_marker("local_model"):
+        return 0
+    return 1 if any(name in item.nodeid for name in LONG) else 2
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In a parallel run, the tests on the real model first (minutes each, against seconds
-    for the rest), so that the short ones fill in around them and no worker is left with
-    a long test at the end while the other has nothing to do."""
-    if hasattr(config, "workerinput"):  # an xdist worker: the scheduler takes its order
-        items.sort(key=lambda item: item.get_closest_marker("local_model") is None)
+    for most of the rest), so that the short ones fill in around them and no worker is
+    left with a long test at the end while the other has nothing to do."""
+    if not hasattr(config, "workerinput"):  # not an xdist worker: nothing to schedule
+        return
+    items.sort(key=_order)
+    if config.getvalue("loadgroup"):
+        _name_the_groups(items)
+
+
+def _name_the_groups(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` keeps the tests of one `xdist_group` on one worker by the
+    `@group` its worker adds to their node ids; with pytest 9.2's structured node ids
+    that addition no longer takes (pytest-dev/pytest-xdist#1386) and the groups run
+    spread over the workers, two Ray instances at once. Add it where it is missing."""
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 def _shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

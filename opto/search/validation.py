@@ -462,9 +462,11 @@ def check_alpha(alpha: float | None) -> float | None:
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
     """A registered name ("minibatch", "none"; `opto.search.registry`), a `Validation`, or
     a dataset (anything `load_dataset` reads, such as a ".jsonl" path)."""
-    if isinstance(spec, str) and not spec.endswith(".jsonl") and spec not in names("validation"):
-        known = ", ".join(repr(name) for name in names("validation"))
-        raise OptoValueError(f"validation must be one of {known}, a dataset or a Validation; got {spec!r}")
-    if isinstance(spec, Validation) or isinstance(spec, str) and not spec.endswith(".jsonl"):
+    if isinstance(spec, Validation):
+        return spec
+    if isinstance(spec, str) and not spec.endswith(".jsonl"):
+        if spec not in names("validation"):
+            known = ", ".join(repr(name) for name in names("validation"))
+            raise OptoValueError(f"validation must be one of {known}, a dataset or a Validation; got {spec!r}")
         return make("validation", spec)
     return DatasetValidation(spec)

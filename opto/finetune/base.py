@@ -126,10 +126,7 @@ class TrainerAdapter(abc.ABC):
         """The settings and jobs as JSON-ready data (no API key, no client)."""
         if not self.saved_settings:
             raise OptoValueError(
-                f"{type(self).__name__} saves no state: its jobs live in their folders under its output_dir, "
-                "so a new adapter on the same output_dir follows them"
-                if isinstance(getattr(self, "output_dir", None), Path)
-                else f"{type(self).__name__} saves no state: list its constructor arguments in saved_settings"
+                f"{type(self).__name__} saves no state: list its constructor arguments in saved_settings"
             )
         return AdapterState(
             backend=self.backend,

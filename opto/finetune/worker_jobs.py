@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util.files import atomic_write_json
+from ..errors import OptoValueError
 from .base import FineTuneError, TrainerAdapter, TrainingJobRef, TrainingJobStatus, job_id_of
 from .job_folder import JobFiles, JobState
 
@@ -35,6 +36,13 @@ class WorkerJobAdapter(TrainerAdapter):
     worker_module: str
     output_dir: Path
     cancel_grace: float
+
+    def state_dict(self) -> dict[str, Any]:
+        """Refused: the jobs' state is their folders, which any process reads."""
+        raise OptoValueError(
+            f"{type(self).__name__} saves no state: its jobs live in their folders under its output_dir, "
+            "so a new adapter on the same output_dir follows them"
+        )
 
     def _new_job(self, settings: Mapping[str, Any]) -> JobFiles:
         """A fresh job folder holding `settings.json` and a queued `job.json`."""

@@ -199,3 +199,21 @@ def test_retry_after_parsing_and_backoff_growth():
     delays = [backoff_delay(a) for a in range(6)]
     assert all(0.25 <= d for d in delays) and delays[-1] > delays[0]
     assert max(backoff_delay(50) for _ in range(20)) <= 30.0
+
+
+def test_a_llama_cpp_python_without_the_sampler_internals_gets_its_own_grammar_sampler() -> None:
+    from types import SimpleNamespace
+
+    from opto.llm.lazy_grammar import lazy_grammar_llama
+
+    class StockLlama:
+        def _init_sampler(self, top_k: int = 40, grammar: object = None, logits_processor: object = None) -> tuple:
+            return ("stock chain", top_k, grammar)
+
+    # bindings without llama_sampler_init_grammar: another release of llama-cpp-python
+    module = SimpleNamespace(Llama=StockLlama, llama_cpp=SimpleNamespace())
+    llama = lazy_grammar_llama(module)()
+    grammar = SimpleNamespace(_grammar="root ::= x", _root="root")
+    assert llama._init_sampler(top_k=5, grammar=grammar) == ("stock chain", 5, grammar)  # grammar applied eagerly
+    assert llama._init_sampler(top_k=5) == ("stock chain", 5, None)
+    assert type(llama).__name__ == "LazyGrammarLlama" and isinstance(llama, StockLlama)

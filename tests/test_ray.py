@@ -199,7 +199,8 @@ def test_collect_on_ray_writes_the_same_ledger_and_usage_as_in_one_process(tmp_p
     there = collect(test_rl_data.Sampler(test_rl_data.SeededModel()), ExactMatchGuide(), test_rl_data.DATA,
                     samples=3, run_dir=tmp_path / "ray", progress=False, executor=executor)  # fmt: skip
     executor.close()
-    assert ledger_of(tmp_path / "ray") == ledger_of(tmp_path / "here")
+    # Each example's group is written when its rollouts end: the groups' order is the workers'.
+    assert sorted(ledger_of(tmp_path / "ray"), key=repr) == sorted(ledger_of(tmp_path / "here"), key=repr)
     assert (there.rollouts, there.mean_score, there.usage.calls) == (here.rollouts, here.mean_score, here.usage.calls)
     assert 0 < here.mean_score < 1  # the seeds differ between samples, on the workers too
 

@@ -122,6 +122,69 @@ async def test_local_json_schema_is_enforced(model: LocalModel) -> None:
     assert isinstance(data.get("name"), str) and isinstance(data.get("age"), int), data
 
 
+async def test_sampled_replies_keep_to_the_schema_with_the_grammar_checked_lazily(
+    model: LocalModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opto.llm.lazy_grammar import LazyGrammarSampler
+
+    draws: list[bool] = []
+    draw = LazyGrammarSampler._draw
+
+    def counted(self: LazyGrammarSampler, ctx: object, idx: int, *, grammar_first: bool) -> int:
+        draws.append(grammar_first)
+        return draw(self, ctx, idx, grammar_first=grammar_first)
+
+    monkeypatch.setattr(LazyGrammarSampler, "_draw", counted)
+
+    schema = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["plausible", "implausible"]},
+                                               "votes": {"type": "integer"}}, "required": ["verdict", "votes"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}}
+    replies = [await model.complete(_user("Is 'Messi scored a touchdown' plausible? Answer in JSON."),
+                                    response_format=fmt, max_tokens=40, temperature=1.5, seed=seed)
+               for seed in range(12)]
+    # A hot temperature draws tokens the grammar refuses, so both paths of the sampler run.
+    for reply in replies:
+        data = json.loads(reply.text)
+        assert data["verdict"] in ("plausible", "implausible") and isinstance(data["votes"], int), reply.text
+    assert len({reply.text for reply in replies}) > 1  # sampled, not one reply twelve times
+    assert draws.count(True) > 0 and draws.count(False) > draws.count(True)  # refused draws were drawn again
+    import llama_cpp._internals
+    import llama_cpp.llama_grammar
+
+    assert isinstance(model._llama._init_sampler(), llama_cpp._internals.LlamaSampler)  # no grammar: the stock chain
+
+    grammar = llama_cpp.llama_grammar.LlamaGrammar.from_string('root ::= "yes" | "no"', verbose=False)
+    assert isinstance(model._llama._init_sampler(grammar=grammar), LazyGrammarSampler)
+
+
+async def test_greedy_json_replies_equal_the_stock_samplers_token_for_token(model_path: Path) -> None:
+    import llama_cpp.llama
+
+    from opto.llm import local
+
+    stock = LocalModel(model_path, n_ctx=2048)
+    lazy = LocalModel(model_path, n_ctx=2048)
+    prompts = ["Describe a fictional person as JSON.", "Suggest a better system prompt for a sports quiz, as JSON."]
+    formats = [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"reasoning": {"type": "string"}, "prompt": {"type": "string"}}}}}]
+    try:
+        original = local.lazy_grammar_llama
+        local.lazy_grammar_llama = lambda module: module.Llama  # the stock Llama, grammar on every token
+        try:
+            expected = [await stock.complete(_user(p), response_format=f, max_tokens=48, temperature=0)
+                        for p in prompts for f in formats]
+        finally:
+            local.lazy_grammar_llama = original
+        got = [await lazy.complete(_user(p), response_format=f, max_tokens=48, temperature=0)
+               for p in prompts for f in formats]
+        assert type(stock._llama) is llama_cpp.llama.Llama and type(lazy._llama).__name__ == "LazyGrammarLlama"
+    finally:
+        stock.close()
+        lazy.close()
+    assert [c.text for c in got] == [c.text for c in expected]
+    assert sum(len(c.text) for c in got) > 100  # replies of some length, not four empty objects
+
+
 async def test_local_calls_are_serialized_and_loop_stays_free(model: LocalModel) -> None:
     active = peak = calls = 0
     lock = threading.Lock()

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import MissingFileError
 from .base import Model
 from .errors import LLMError, UnsupportedRequestError, refused_request_error
+from .lazy_grammar import lazy_grammar_llama
 from .repetition import cut_repetition
 from .reported import reported_usage
 from .types import Completion, Message, TokenUsage
@@ -141,7 +142,7 @@ class LocalModel(Model):
                 raise LLMError(f"LocalModel needs llama-cpp-python: {_INSTALL_HINT}") from exc
             logger.info("loading %s", self.model_path)
             with _model_defaults(llama_cpp.llama, extra_buffer_types=self.extra_buffer_types):
-                self._llama = llama_cpp.llama.Llama(
+                self._llama = lazy_grammar_llama(llama_cpp.llama)(
                     model_path=str(self.model_path),
                     n_ctx=self.n_ctx,
                     n_threads=self.n_threads,

@@ -110,6 +110,7 @@ class TransformersModel(Model):
         self.max_batch_size, self.batch_wait, self.max_tokens = max_batch_size, batch_wait, max_tokens
         self._loaded: tuple[Any, Any, Any] | None = None  # (torch, tokenizer, model)
         self._load_lock = threading.Lock()
+        self._pending_load: asyncio.Future[Any] | None = None
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opto-transformers")
         self._waiting: dict[tuple[Any, ...], _Batch] = {}
         self.generate_calls = 0  # `generate` runs so far (each answers a whole batch)
@@ -184,8 +185,9 @@ class TransformersModel(Model):
                 "behind an OpenAI-compatible API for tool use"
             )
         loop = asyncio.get_running_loop()
-        # Once loaded, no hop to a thread: calls started together must reach the batch together.
-        loaded: Any = self._loaded or await loop.run_in_executor(None, self.load)
+        # Calls started together must reach the batch together: once loaded there is no hop
+        # to a thread, and while loading they all wait for the one load, woken at once.
+        loaded: Any = self._loaded or await asyncio.shield(self._loading(loop))
         _, tokenizer, _ = loaded
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         settings = {
@@ -206,6 +208,17 @@ class TransformersModel(Model):
         if len(batch.requests) >= self.max_batch_size:
             self._flush(key)
         return await request.future
+
+    def _loading(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """The load every call on `loop` waits for; a failed one is tried again by the next call."""
+        pending = self._pending_load
+        if (
+            pending is None
+            or pending.get_loop() is not loop
+            or (pending.done() and (pending.cancelled() or pending.exception() is not None))
+        ):
+            pending = self._pending_load = loop.run_in_executor(None, self.load)
+        return pending
 
     def _flush(self, key: tuple[Any, ...]) -> None:
         """Send the batch waiting under `key` to the worker thread."""

@@ -115,6 +115,16 @@ def _demo_run_dir(args: argparse.Namespace) -> str:
     return run_dir
 
 
+def _weights_chain(text: str) -> str:
+    """`--finetune`'s value: one method or a chain of them, checked as `prompts_then_weights` will."""
+    from .recipes.prompts_then_weights import chain_of
+
+    try:
+        return ",".join(chain_of(text))
+    except OptoValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: use sft, dpo or grpo, or a chain such as sft,dpo") from exc
+
+
 def _prompts_then_weights(args: argparse.Namespace) -> int:
     from .recipes.prompts_then_weights import prompts_then_weights
 
@@ -647,9 +657,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
     demo.add_argument(
         "--finetune",
-        choices=("sft", "dpo", "grpo"),
+        type=_weights_chain,
+        metavar="{sft,dpo,grpo}[,...]",
         help="prompts, then weights: after the prompt stage, fine-tune the embedded model (LoRA, TRL) "
-        "on the optimized agent's answers, asked zero-shot, then optimize the prompt again",
+        "on the optimized agent's answers, asked zero-shot, then optimize the prompt again; a comma list "
+        "(sft,dpo) is a chain, each stage starting from the model the one before it tuned",
     )
     demo.add_argument(
         "--collect",

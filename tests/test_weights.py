@@ -102,10 +102,38 @@ def test_dpo_pairs_and_grpo_groups_come_from_the_collected_answers(tmp_path: Pat
     if method == "dpo":  # the right answer over what the untuned model says zero-shot: a sentence
         assert len(record["prompt"]) == 2 and record["chosen"][0]["content"].endswith("s")
         assert record["rejected"][0]["content"].startswith("The answer is ")
-        own = json.loads((tmp_path / "run" / "data" / "own-replies.json").read_text())
+        own = json.loads((tmp_path / "run" / "data" / "own-replies-dpo.json").read_text())
         assert len(own) == 6 and all(score == 0.0 for _, score in own.values())
     else:
         assert sorted(t["reward"] for t in record["trajectories"]) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("second", ["dpo", "grpo"])
+def test_a_chain_starts_each_stage_from_the_model_the_stage_before_tuned(tmp_path: Path, tiny: Path, second: str,
+                                                                        capsys) -> None:
+    run = tmp_path / "run"
+    report = run_chain(run, tiny, method=f"sft,{second}", again=False)
+    assert report.method == f"sft,{second}"
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", second]
+    sft_switch, second_switch = recorded_switches(run)
+    merged = run / "merged-sft"
+    assert (merged / "config.json").is_file() and (merged / "tokenizer_config.json").is_file()
+    # The second stage trained the merged SFT model (its reference too), not the base.
+    jobs = {json.loads((job / "settings.json").read_text())["method"]: json.loads((job / "settings.json").read_text())
+            for job in (run / "finetune").iterdir()}
+    assert jobs["sft"]["model_path"] == str(tiny) and jobs[second]["model_path"] == str(merged)
+    adapter = json.loads((Path(second_switch.target) / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(merged)
+    assert Path(sft_switch.target).parent.parent == run / "finetune"
+    if second == "grpo":
+        assert jobs["grpo"]["settings"]["beta"] > 0  # a KL term keeps it near the SFT model
+    else:  # DPO's rejected replies: what the SFT model answers zero-shot
+        assert (run / "data" / "own-replies-dpo.json").is_file()
+    assert main(["report", str(run)]) == 0 and f"stages: zero-shot, prompt, sft, {second}" in capsys.readouterr().out
+    # Resumed after the end: nothing runs again, the same stages are reported.
+    again = run_chain(run, tiny, method=f"sft,{second}", again=False, resume=True)
+    assert [s.test_accuracy for s in again.stages] == [s.test_accuracy for s in report.stages]
+    assert len(list((run / "finetune").iterdir())) == 2
 
 
 def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(tmp_path: Path, tiny: Path,
@@ -136,8 +164,12 @@ def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(
 
 
 def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -> None:
-    with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo"):
-        prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method="ppo")
+    for method in ("ppo", "sft,sft", "sft,ppo", ""):
+        with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo or a chain of them"):
+            prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method=method)
+    with pytest.raises(SystemExit):
+        main(["demo", "--finetune", "sft,sft", "--run-dir", str(tmp_path / "run")])
+    assert "'sft,sft': use sft, dpo or grpo, or a chain such as sft,dpo" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="does not take --model or --base-url"):
         main(["demo", "--finetune", "sft", "--model", "gpt-4o-mini", "--run-dir", str(tmp_path / "run")])
     assert main(["demo", "--resume", "--run-dir", str(tmp_path / "run")]) == 1

@@ -103,7 +103,7 @@ class TransformersModel(Model):
             raise OptoValueError(f"batch_wait must be >= 0 seconds, got {batch_wait}")
         adapter_path = Path(adapter) if adapter is not None else None
         if adapter_path is None and (path / "adapter_config.json").exists():
-            adapter_path, path = path, Path(_adapter_base(path))
+            adapter_path, path = path, Path(adapter_base(path))
         super().__init__(name or (adapter_path or path).name, cache=cache, budget=budget, prices=prices)
         self.path, self.adapter, self.gguf_file = path, adapter_path, gguf_file
         self.device, self.dtype = device, dtype
@@ -376,7 +376,8 @@ def _cut(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     return (text[: min(found)], True) if found else (text, False)
 
 
-def _adapter_base(adapter: Path) -> str:
+def adapter_base(adapter: Path) -> str:
+    """The base model a LoRA adapter folder names (its `adapter_config.json`)."""
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     base = config.get("base_model_name_or_path")
     if not base:
@@ -393,7 +394,7 @@ def _with_adapter(model: Any, adapter: Path, base: Path) -> Any:
         from peft import PeftModel
     except ImportError as exc:
         raise LLMError(f"a LoRA adapter needs peft: {_INSTALL_HINT}") from exc
-    named = _adapter_base(adapter)
+    named = adapter_base(adapter)
     if Path(named).exists() and Path(named).resolve() != base.resolve():
         raise LLMError(
             f"TransformersModel: the adapter {adapter} was trained on {named}, not on {base}; pass that base as path="

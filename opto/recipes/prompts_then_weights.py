@@ -1,7 +1,8 @@
 """Prompts, then weights: the demo agent's prompt optimized, distilled into the model, and optimized again.
 
-`prompts_then_weights` (and `opto demo --finetune {sft,dpo,grpo}`) chains, in one run
-directory, on the embedded SmolLM2-135M-Instruct (or any model with a Hugging Face folder):
+`prompts_then_weights` (and `opto demo --finetune {sft,dpo,grpo}`, or a chain of them such
+as `sft,dpo`) chains, in one run directory, on the embedded SmolLM2-135M-Instruct (or any
+model with a Hugging Face folder):
 
 1. **zero-shot**: the few-shot agent with no demos, measured on the test split;
 2. **prompt**: its prompt and demos optimized as `opto demo` does (``RUN/prompt``);
@@ -17,6 +18,12 @@ directory, on the embedded SmolLM2-135M-Instruct (or any model with a Hugging Fa
 4. **prompt-again** (unless `again=False`): the prompt and demos optimized once more, now
    with the tuned model answering (``RUN/prompt-again``).
 
+A chain of weights stages (`method="sft,dpo"`) runs them in order, each on the model the
+one before it tuned: its LoRA adapter is merged into a full model (``RUN/merged-<stage>``)
+that the next stage starts from and, for DPO and for GRPO with `beta` > 0, stays near (the
+reference model). DPO's rejected replies are what the model that stage starts from
+answers zero-shot.
+
 Each stage ends with its test accuracy, 95% interval, prompt tokens per test call, the
 stage's model calls and seconds as one line of ``RUN/metrics.jsonl``. A stopped run
 continues with `resume=True` from the stage it was in: a finished stage is not run
@@ -27,6 +34,7 @@ outlives the process), or submitted again when its worker died with the machine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -53,7 +61,15 @@ from ..trainer.collection import acollect
 from ..trainer.evaluation import aevaluate
 from .demo import DEMO_TASK, FewShotAgent, demo_trainer
 
-__all__ = ["METHODS", "STAGES", "StageResult", "WeightsReport", "aprompts_then_weights", "prompts_then_weights"]
+__all__ = [
+    "METHODS",
+    "STAGES",
+    "StageResult",
+    "WeightsReport",
+    "aprompts_then_weights",
+    "chain_of",
+    "prompts_then_weights",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +89,21 @@ FINETUNE_DEFAULTS: dict[str, Any] = {
 _METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {},
     "dpo": {"learning_rate": 1e-4, "beta": 0.1},
-    "grpo": {"learning_rate": 1e-4, "beta": 0.0},
+    "grpo": {"learning_rate": 1e-4, "beta": 0.04},  # a KL term: the tuned model stays near where it started
 }
 _SETTINGS = SETTINGS_FILE
-_JOB = "finetune.json"
+
+
+def chain_of(method: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The weights stages of `method`: one of `METHODS`, or several, in order ("sft,dpo")."""
+    methods = tuple(m.strip() for m in method.split(",")) if isinstance(method, str) else tuple(method)
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown or len(set(methods)) != len(methods):
+        raise OptoValueError(
+            f"method must be one of {', '.join(METHODS)} or a chain of them without repeats (e.g. 'sft,dpo'), "
+            f"got {method!r}"
+        )
+    return methods
 
 
 class StageResult(BaseModel):
@@ -99,7 +126,7 @@ class WeightsReport(BaseModel):
 
     task: str
     seed: int
-    method: str
+    method: str = Field(description='the weights stages, in order ("sft" or a chain such as "sft,dpo")')
     run_dir: str
     stages: list[StageResult]
     # The last stage against the prompt stage, paired over the test examples.
@@ -120,7 +147,7 @@ async def aprompts_then_weights(
     model: Model | None = None,
     *,
     run_dir: str | Path,
-    method: str = "sft",
+    method: str | list[str] = "sft",
     again: bool = True,
     task: str = DEMO_TASK,
     seed: int = 0,
@@ -143,7 +170,8 @@ async def aprompts_then_weights(
         model: the base model: the agent's, and the optimizer's in both prompt stages
             (default: the embedded SmolLM2 through llama.cpp).
         run_dir: the run directory of the whole chain.
-        method: "sft", "dpo" or "grpo".
+        method: "sft", "dpo" or "grpo", or a chain of them in order ("sft,dpo", or a
+            list): each stage fine-tunes the model the one before it tuned.
         again: optimize the prompt once more with the tuned model.
         task: the shipped BIG-bench task, as for `opto demo --task`.
         seed: the split and shuffle seed.
@@ -158,12 +186,11 @@ async def aprompts_then_weights(
         finetune: `TRLAdapter` settings over `FINETUNE_DEFAULTS` (e.g. `{"max_steps": 4}`).
         resume: continue the chain in `run_dir` (the same settings) from its stage.
     """
-    if method not in METHODS:
-        raise OptoValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    methods = chain_of(method)
     started = time.monotonic()
     run = Path(run_dir)
     settings = {
-        "method": method,
+        "method": ",".join(methods),
         "again": again,
         "task": task,
         "seed": seed,
@@ -176,7 +203,7 @@ async def aprompts_then_weights(
         "finetune": dict(finetune or {}),
     }
     done = _start(run, settings, resume)
-    stages: list[Stage] = ["zero-shot", "prompt", method, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
+    stages: list[Stage] = ["zero-shot", "prompt", *methods, *(["prompt-again"] if again else [])]  # type: ignore[list-item]
     owned = model is None
     if model is None:
         from ..llm.local import LocalModel
@@ -215,6 +242,7 @@ class _Chain:
     ):
         self.folder, self.model, self.settings, self.test, self.progress = run, model, settings, test, progress
         self.base_folder = base_folder
+        self.methods = chain_of(settings["method"])
         self.guide = ExactMatchGuide()
 
     async def run(self, stage: str, done: dict[str, StageResult]) -> StageResult:
@@ -225,7 +253,7 @@ class _Chain:
             return await self._measure("prompt", agent)
         if stage == "prompt-again":
             agent = self._tuned_agent()
-            agent.apply(done[self.settings["method"]].parameters)
+            agent.apply(done[self.methods[-1]].parameters)
             agent = await self._optimize(agent, self.folder / "prompt-again")
             return await self._measure("prompt-again", agent)
         return await self._finetune(stage, done["prompt"].parameters)
@@ -248,8 +276,9 @@ class _Chain:
         agent = FewShotAgent(self.model)
         agent.apply(prompted)
         records = await self._training_data(agent, method)
-        if not recorded_switches(self.folder):
-            status = await self._train(method, records)
+        position = self.methods.index(method)
+        if len(recorded_switches(self.folder)) <= position:  # not yet trained and switched to
+            status = await self._train(method, records, await self._start_folder(position))
             switch_model(agent, status, run_dir=self.folder)
         tuned = self._tuned_agent()
         tuned.apply({**prompted, "demos": []})  # distilled: asked zero-shot
@@ -281,7 +310,7 @@ class _Chain:
             if record.get("type") == "rollout" and record.get("output") is not None:
                 reply = (str(record["output"]), record.get("score") or 0.0)
                 answers.setdefault(record["instance_id"], []).append(reply)
-        own = await self._own_replies(agent, examples) if method == "dpo" else {}
+        own = await self._own_replies(agent, examples, method) if method == "dpo" else {}
         questions = {e.id: e.x for e in examples}
         rows = [
             row
@@ -298,13 +327,16 @@ class _Chain:
         atomic_write_jsonl(out, rows)
         return out
 
-    async def _own_replies(self, agent: FewShotAgent, examples: list[Example]) -> dict[str, tuple[str, float]]:
-        """What the model to be tuned answers itself in the zero-shot form (greedy), judged:
-        DPO's rejected replies, so it learns away from what it would say (kept in data/)."""
-        path = self.folder / "data" / "own-replies.json"
+    async def _own_replies(
+        self, agent: FewShotAgent, examples: list[Example], method: str
+    ) -> dict[str, tuple[str, float]]:
+        """What the model this stage tunes answers itself in the zero-shot form (greedy),
+        judged: DPO's rejected replies, so it learns away from what it would say (kept in
+        data/). In a chain, that model is the one the stage before tuned."""
+        path = self.folder / "data" / f"own-replies-{method}.json"
         if path.exists():
             return {k: (v[0], v[1]) for k, v in read_json_object(path).items()}
-        untuned = FewShotAgent(self.model)
+        untuned = self._tuned_agent() if self.methods.index(method) > 0 else FewShotAgent(self.model)
         untuned.apply({**agent.stored_values(), "demos": []})
         result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
         own = {
@@ -315,10 +347,21 @@ class _Chain:
         atomic_write_json(path, {k: list(v) for k, v in own.items()})
         return own
 
-    async def _train(self, method: str, records: Path) -> TrainingJobStatus:
-        """Fine-tune the base folder on `records`; a job this run started earlier is waited for."""
-        from ..finetune.trl_adapter import TRLAdapter
+    async def _start_folder(self, position: int) -> Path:
+        """The weights the stage at `position` of the chain starts from: the base model's
+        folder, or the stage before it merged into a full model (made once, kept in the run)."""
+        from ..finetune.lora import merge_adapter
         from ..llm.transformers_model import embedded_model_folder
+
+        if position == 0:
+            return Path(self.base_folder or embedded_model_folder())
+        before = self.methods[position - 1]
+        adapter = Path(recorded_switches(self.folder)[position - 1].target)
+        return await asyncio.to_thread(merge_adapter, adapter, self.folder / f"merged-{before}")
+
+    async def _train(self, method: str, records: Path, start: Path) -> TrainingJobStatus:
+        """Fine-tune `start` on `records`; a job this run started earlier is waited for."""
+        from ..finetune.trl_adapter import TRLAdapter
 
         options = {
             **FINETUNE_DEFAULTS,
@@ -326,10 +369,8 @@ class _Chain:
             "seed": self.settings["seed"],
             **self.settings["finetune"],
         }
-        adapter = TRLAdapter(
-            self.base_folder or embedded_model_folder(), output_dir=self.folder / "finetune", method=method, **options
-        )
-        job = self.folder / _JOB
+        adapter = TRLAdapter(start, output_dir=self.folder / "finetune", method=method, **options)
+        job = self.folder / f"finetune-{method}.json"
         if job.exists():
             status = await adapter.status(str(read_json_object(job).get("job_id")))
             if status.status in ("pending", "running"):

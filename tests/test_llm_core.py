@@ -202,7 +202,7 @@ def test_retry_after_parsing_and_backoff_growth():
 
 
 def test_a_llama_cpp_python_without_the_sampler_internals_gets_its_own_grammar_sampler() -> None:
-    from types import SimpleNamespace
+    from types import ModuleType, SimpleNamespace
 
     from opto.llm.lazy_grammar import lazy_grammar_llama
 
@@ -211,7 +211,8 @@ def test_a_llama_cpp_python_without_the_sampler_internals_gets_its_own_grammar_s
             return ("stock chain", top_k, grammar)
 
     # bindings without llama_sampler_init_grammar: another release of llama-cpp-python
-    module = SimpleNamespace(Llama=StockLlama, llama_cpp=SimpleNamespace())
+    module = ModuleType("another_llama")
+    module.Llama, module.llama_cpp = StockLlama, ModuleType("bindings")  # type: ignore[attr-defined]
     llama = lazy_grammar_llama(module)()
     grammar = SimpleNamespace(_grammar="root ::= x", _root="root")
     assert llama._init_sampler(top_k=5, grammar=grammar) == ("stock chain", 5, grammar)  # grammar applied eagerly

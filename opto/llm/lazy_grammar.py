@@ -16,6 +16,7 @@ are not there.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 from typing import Any
@@ -40,6 +41,7 @@ class LazyGrammarSampler:
         self._ids = np.arange(n_vocab, dtype=np.int32)
         self._data = (bindings.llama_token_data * n_vocab)()
         self._view = np.ctypeslib.as_array(self._data)
+        self._as_array = np.ctypeslib.as_array  # numpy once, not at every token
 
     def sample(self, ctx: Any, idx: int = -1) -> int:
         b = self._bindings
@@ -51,10 +53,8 @@ class LazyGrammarSampler:
         return token
 
     def _draw(self, ctx: Any, idx: int, *, grammar_first: bool) -> int:
-        import numpy as np
-
         b = self._bindings
-        logits = np.ctypeslib.as_array(b.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n_vocab,))
+        logits = self._as_array(b.llama_get_logits_ith(ctx.ctx, idx), shape=(self._n_vocab,))
         self._view["id"] = self._ids
         self._view["logit"] = logits
         self._view["p"] = 0.0
@@ -75,14 +75,6 @@ class LazyGrammarSampler:
         b.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
         return math.isfinite(one.logit)
 
-    def accept(self, token: int) -> None:
-        self._bindings.llama_sampler_accept(self._grammar, token)
-        self._chain.accept(token)
-
-    def reset(self) -> None:
-        self._bindings.llama_sampler_reset(self._grammar)
-        self._chain.reset()
-
     def close(self) -> None:
         if self._grammar is not None:
             self._bindings.llama_sampler_free(self._grammar)
@@ -95,6 +87,7 @@ class LazyGrammarSampler:
         self.close()
 
 
+@functools.cache  # one subclass per llama-cpp-python, however many models load
 def lazy_grammar_llama(llama_module: Any) -> type:
     """`llama_module.Llama` (llama-cpp-python's), sampling grammar-constrained replies lazily."""
     bindings = llama_module.llama_cpp

@@ -98,20 +98,28 @@ def _row(task: str, stage: str, found: list) -> str:
 
 def paired_rows(reports: list[WeightsReport]) -> list[str]:
     """Each method's last stage against the prompt stage (a chain's also against its SFT
-    stage), paired over every seed's examples."""
+    stage), paired over every seed's examples; for a chain also the model it ended with
+    (its last stage, or SFT's where the validation check did not keep the last)."""
     rows = []
     for task in dict.fromkeys(r.task for r in reports):
         for method in dict.fromkeys(r.method for r in reports):
             chosen = [r for r in reports if r.task == task and r.method == method]
             for baseline in ("prompt", "sft") if method.startswith("sft,") else ("prompt",):
                 before = [x for r in chosen for x in r.stage(baseline).scores]  # type: ignore[union-attr]
-                after = [x for r in chosen for x in r.stages[-1].scores]
-                if not chosen or len(before) != len(after):
-                    continue
-                change = paired_test(before, after)
-                rows.append(f"{task}: {chosen[0].stages[-1].stage} ({method}) vs {baseline} over {len(before)} "
-                            f"paired examples: {100 * change.difference:+.1f} points, 95% interval "
-                            f"[{100 * change.interval.low:+.1f}, {100 * change.interval.high:+.1f}]")
+                ends = {"last stage": [r.stages[-1] for r in chosen]}
+                if method.startswith("sft,"):
+                    ends["kept model"] = [[s for s in r.stages if s.kept is not False][-1] for r in chosen]
+                for what, stages in ends.items():
+                    after = [x for s in stages for x in s.scores]
+                    if not chosen or len(before) != len(after):
+                        continue
+                    change = paired_test(before, after)
+                    kept = sum(1 for r in chosen if r.stages[-1].kept)
+                    note = f", kept in {kept} of {len(chosen)} seeds" if chosen[0].stages[-1].kept is not None else ""
+                    rows.append(f"{task}: {what}, {chosen[0].stages[-1].stage} ({method}{note}) vs {baseline} over "
+                                f"{len(before)} paired examples: "
+                                f"{100 * change.difference:+.1f} points, 95% interval "
+                                f"[{100 * change.interval.low:+.1f}, {100 * change.interval.high:+.1f}]")
     return rows
 
 

@@ -127,6 +127,7 @@ def _weights_chain(text: str) -> str:
 
 def _prompts_then_weights(args: argparse.Namespace) -> int:
     from .recipes.prompts_then_weights import prompts_then_weights
+    from .report.stages import kept_text
 
     if args.model or args.base_url:
         raise SystemExit(
@@ -156,6 +157,8 @@ def _prompts_then_weights(args: argparse.Namespace) -> int:
             validation_n=args.validation,
             test_n=args.test,
             collect_n=args.collect,
+            keep=args.keep,
+            weights_validation_n=args.check,
             resume=args.resume,
             progress=not (args.no_progress or args.json),
         )
@@ -166,18 +169,19 @@ def _prompts_then_weights(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{'stage':<13} {'test accuracy':>14} {'95% interval':>16} {'prompt tokens/call':>19} {'calls':>6} "
-        f"{'seconds':>8}"
+        f"{'seconds':>8}  kept"
     )
     for stage in report.stages:
         low, high = stage.test_interval
         print(
             f"{stage.stage:<13} {100 * stage.test_accuracy:>13.1f}% {f'[{100 * low:.1f}, {100 * high:.1f}]':>16} "
-            f"{stage.prompt_tokens_per_call:>19.1f} {stage.calls:>6} {stage.seconds:>8.1f}"
+            f"{stage.prompt_tokens_per_call:>19.1f} {stage.calls:>6} {stage.seconds:>8.1f}  {kept_text(stage.model_dump())}"
         )
     if report.chain_change is not None and report.chain_change_interval is not None:
         low, high = report.chain_change_interval
+        ended = [s for s in report.stages if s.kept is not False][-1].stage
         print(
-            f"{report.stages[-1].stage} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
+            f"{ended} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
             f"[{100 * low:+.1f}, {100 * high:+.1f}]"
         )
     print(f"time: {report.seconds:.1f} s   see it with: opto report {run_dir}")
@@ -670,6 +674,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --finetune: training examples the optimized agent answers (default 256)",
     )
     demo.add_argument("--no-again", action="store_true", help="with --finetune: stop after the fine-tuned stage")
+    demo.add_argument(
+        "--keep",
+        default="better",
+        choices=("better", "last"),
+        help="with --finetune: go on with a tuned model only when it is at least as accurate on validation "
+        "examples as the model before it (better, the default), or always (last)",
+    )
+    demo.add_argument(
+        "--check",
+        type=int,
+        default=64,
+        metavar="N",
+        help="with --finetune: validation examples each tuned model is checked on (default 64)",
+    )
     demo.add_argument("--resume", action="store_true", help="continue the interrupted run in --run-dir")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)

@@ -292,3 +292,18 @@ def test_grpo_refuses_a_file_that_is_not_groups_and_groups_that_cannot_teach(exp
     assert final.status == "failed" and "has rewards that vary (1 dropped)" in final.error
     with pytest.raises(ValueError, match="method must be 'dpo', 'sft' or 'grpo'"):
         TRLAdapter(exported["model"], output_dir=tmp_path, method="ppo")
+
+
+def test_grpo_scores_a_minibatch_of_replies_in_one_pass_as_each_alone(exported):
+    """The padded batch gives every reply the log-probabilities it has on its own: the
+    padding is after each reply and masked, so no reply sees another's tokens."""
+    from opto.finetune.grpo import ScoredReply, batch_logprobs
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported["model"])
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported["model"]).eval()
+    texts = ("2", "two apples, and then some more", "three")
+    with torch.no_grad():
+        together = batch_logprobs(model, tokenizer, [ScoredReply(PROMPT, text, 1.0) for text in texts])
+    assert len({t.numel() for t in together}) == 3  # different lengths: two of them padded
+    for batched, text in zip(together, texts):
+        assert abs(float(batched.sum()) - reply_logprob(model, tokenizer, text)) < 1e-3

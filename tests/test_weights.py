@@ -16,19 +16,23 @@ from opto import RunDirError, ScriptedModel
 from opto.cli import main
 from opto.datasets import bigbench
 from opto.finetune import TRLAdapter
+from opto.run.ledger import RunDir
 from opto.run.switches import recorded_switches
 from opto.llm.sampling import current_sampling
 from opto.preference import validate_jsonl
 from opto.report.markdown import write_report
 from opto.report.html import write_html_report
+from opto.recipes import prompts_then_weights as recipe
 from opto.recipes.prompts_then_weights import prompts_then_weights
 
 pytestmark = pytest.mark.trl
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The tiny model learns nothing in one step, so the chains go on with every stage they
+# train (keep="last"); the check that keeps the better model has a test of its own.
 SMALL = {"train_n": 4, "validation_n": 4, "test_n": 6, "collect_n": 6, "samples": 2, "progress": False,
-         "finetune": {"max_steps": 1, "per_device_train_batch_size": 2}}
+         "keep": "last", "weights_validation_n": 4, "finetune": {"max_steps": 1, "per_device_train_batch_size": 2}}
 
 
 def base_reply(messages: list[dict]) -> str:
@@ -68,7 +72,7 @@ def test_the_chain_measures_every_stage_and_the_tuned_model_is_asked_zero_shot(t
     # real-model test compares the two stages (tests/test_weights_real.py).
     assert sft.prompt_tokens_per_call > 0 and again.prompt_tokens_per_call >= sft.prompt_tokens_per_call
     assert sft.model.endswith("/model") and again.model == sft.model
-    assert sft.train_records == 6 and sft.calls == 6 * 2 + 6  # collected samples, then the test
+    assert sft.train_records == 6 and sft.calls == 6 * 2 + 2 * 4 + 6  # collected samples, the two validated, the test
     lo, hi = again.test_interval
     assert lo <= again.test_accuracy <= hi and all(s.seconds > 0 for s in report.stages)
     assert report.chain_change is not None and report.chain_change_interval is not None
@@ -127,13 +131,73 @@ def test_a_chain_starts_each_stage_from_the_model_the_stage_before_tuned(tmp_pat
     assert Path(sft_switch.target).parent.parent == run / "finetune"
     if second == "grpo":
         assert jobs["grpo"]["settings"]["beta"] > 0  # a KL term keeps it near the SFT model
-    else:  # DPO's rejected replies: what the SFT model answers zero-shot
-        assert (run / "data" / "own-replies-dpo.json").is_file()
+    else:  # the preference loss plus the chosen replies' likelihood
+        assert jobs["dpo"]["settings"]["loss_type"] == ["sigmoid", "sft"]
+    # On-policy: the second stage learns from what the SFT model itself samples, zero-shot.
+    sft_stage, second_stage = report.stages[2:]
+    samples = [r for r in RunDir(run / f"collect-{second}").ledger() if r.get("type") == "rollout"]
+    assert len(samples) == 6 * 2 and all(r["trace"][0]["model"] == sft_stage.model for r in samples)
+    assert all(len(r["trace"][0]["messages"]) == 2 for r in samples)  # system prompt and question, no demos
+    sampled = {str(r["output"]) for r in samples}
+    golds = {e.x: e.info[0] for e in bigbench("plural", split="train", n=6)}
+    for line in (run / "data" / f"{second}.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        question = (record.get("prompt") or record["trajectories"][0]["messages_and_choices"])[1]["content"]
+        if second == "dpo":  # a correct sample, or the expected answer, over a wrong sample
+            assert record["rejected"][0]["content"] in sampled
+            assert record["chosen"][0]["content"] in sampled | {golds[question]}
+        else:  # the samples with their rewards, and the expected answer where none was right
+            replies = {t["messages_and_choices"][-1]["message"]["content"] for t in record["trajectories"]}
+            assert replies <= sampled | {golds[question]}
+    assert second_stage.kept and second_stage.compared_with == "sft" and second_stage.validation_change is not None
+    assert report.kept == second and (run / "data" / "validation-sft.json").is_file()
     assert main(["report", str(run)]) == 0 and f"stages: zero-shot, prompt, sft, {second}" in capsys.readouterr().out
     # Resumed after the end: nothing runs again, the same stages are reported.
     again = run_chain(run, tiny, method=f"sft,{second}", again=False, resume=True)
     assert [s.test_accuracy for s in again.stages] == [s.test_accuracy for s in report.stages]
     assert len(list((run / "finetune").iterdir())) == 2
+
+
+def test_a_stage_less_accurate_on_validation_is_reported_and_the_chain_goes_on_without_it(
+    tmp_path: Path, tiny: Path, monkeypatch, caplog
+) -> None:
+    run = tmp_path / "run"
+    validated = recipe._Chain._validate
+
+    async def sft_best(self, stage, agent):  # the agent really answers; SFT is made right on every example
+        scores = await validated(self, stage, agent)
+        return [1.0 if stage == "sft" else 0.0] * len(scores)
+
+    monkeypatch.setattr(recipe._Chain, "_validate", sft_best)
+    report = run_chain(run, tiny, method="sft,dpo", keep="better", weights_validation_n=5)
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "dpo", "prompt-again"]
+    prompt, sft, dpo, again = report.stages[1:]
+    assert sft.kept and sft.compared_with == "prompt"
+    assert dpo.kept is False and dpo.compared_with == "sft" and dpo.validation_change == -1.0
+    assert dpo.validation_interval is not None and dpo.validation_interval[1] <= 0
+    assert report.kept == "sft" and "the chain goes on with sft" in caplog.text
+    # Only SFT's model was switched to, and the prompt stage after it ran on that model.
+    assert [s.job_id for s in recorded_switches(run)] == [json.loads((run / "finetune-sft.json").read_text())["job_id"]]
+    assert again.model == sft.model != dpo.model
+    # The report says which stage was kept and why; --json carries the same.
+    markdown = Path(write_report(run).markdown).read_text()
+    assert "| dpo | " in markdown and "| no (-100.0 points vs sft on validation) |" in markdown
+    assert "| yes (" in markdown.split("| sft | ")[1].splitlines()[0]
+
+
+def test_on_policy_records_pair_right_over_wrong_and_fall_back_to_the_expected_answer() -> None:
+    replies = [("cats", 1.0), ("cat", 0.0), ("cats", 1.0), ("catz", 0.0)]
+    assert recipe._on_policy_records("dpo", replies, "cats") == [
+        {"chosen": "cats", "rejected": "cat"},
+        {"chosen": "cats", "rejected": "catz"},
+    ]
+    none_right = [("cat", 0.0), ("cat", 0.0)]
+    assert recipe._on_policy_records("dpo", none_right, "cats") == [{"chosen": "cats", "rejected": "cat"}]
+    assert recipe._on_policy_records("dpo", none_right, None) == []  # gold=False: nothing to prefer
+    assert recipe._on_policy_records("dpo", [("cats", 1.0)] * 2, "cats") == []  # always right: nothing to learn
+    assert recipe._on_policy_records("grpo", none_right, "cats") == [{"group": [*none_right, ("cats", 1.0)]}]
+    assert recipe._on_policy_records("grpo", replies, "cats") == [{"group": replies}]
+    assert recipe._on_policy_records("sft", replies, "cats") == [{"completion": "cats"}]
 
 
 def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(tmp_path: Path, tiny: Path,
@@ -158,8 +222,11 @@ def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(
     report = prompts_then_weights(model, run_dir=tmp_path / "run", method="sft", base_folder=tiny, resume=True, **SMALL)
     assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "prompt-again"]
     assert len(list((tmp_path / "run" / "finetune").iterdir())) == 1  # the job was waited for, not submitted again
-    # The base model was asked only as prompt-again's optimizer: no stage before sft ran again, no collecting.
-    assert model.requests and not any(r["messages"][0]["content"].startswith("Answer") for r in model.requests)
+    # No stage before sft ran again, nothing was collected again: the base model answered only
+    # the validation examples that SFT's model is checked against, and optimized prompt-again.
+    answered = {r["messages"][-1]["content"] for r in model.requests if r["messages"][0]["content"].startswith("Answer")}
+    assert answered == {e.x for e in bigbench("plural", split="validation", n=8)[4:]}
+    assert any(not r["messages"][0]["content"].startswith("Answer") for r in model.requests)
 
 
 
@@ -167,6 +234,8 @@ def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -
     for method in ("ppo", "sft,sft", "sft,ppo", ""):
         with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo or a chain of them"):
             prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method=method)
+    with pytest.raises(ValueError, match='keep must be "better" or "last", got \'best\''):
+        prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", keep="best")
     with pytest.raises(SystemExit):
         main(["demo", "--finetune", "sft,sft", "--run-dir", str(tmp_path / "run")])
     assert "'sft,sft': use sft, dpo or grpo, or a chain such as sft,dpo" in capsys.readouterr().err

@@ -24,7 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def test_demo_finetune_sft_distils_the_prompt_stage_into_the_embedded_model(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     code = main(["demo", "--finetune", "sft", "--json", "--no-again", "--run-dir", str(run), "--train", "4",
-                 "--validation", "8", "--test", "16", "--collect", "128"])
+                 "--validation", "8", "--test", "16", "--collect", "128", "--check", "16"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(printed)
@@ -35,9 +35,12 @@ def test_demo_finetune_sft_distils_the_prompt_stage_into_the_embedded_model(tmp_
         assert stage["test_interval"][0] <= stage["test_accuracy"] <= stage["test_interval"][1]
     assert zero["test_accuracy"] == 0.0  # the embedded model writes a sentence when asked zero-shot
     assert sft["prompt_tokens_per_call"] <= prompt["prompt_tokens_per_call"] and sft["train_records"] > 0
-    # The tuned model is a LoRA adapter on the converted embedded model, and the run says so.
-    [switch] = recorded_switches(run)
-    assert (Path(switch.target) / "adapter_config.json").is_file()
+    # The tuned model is a LoRA adapter on the converted embedded model; it was checked against
+    # the prompt stage on 16 validation examples, and the run goes on with it only if not worse.
+    assert sft["compared_with"] == "prompt" and sft["validation_change"] is not None
+    assert sft["kept"] == (sft["validation_change"] >= 0)
+    assert len(recorded_switches(run)) == int(sft["kept"])
+    assert len(list((run / "finetune").glob("*/model/adapter_config.json"))) == 1
     # Trained on answers of one word, it now answers with a word too: no sentence.
     assert sft["test_accuracy"] > 0.0
     assert main(["report", str(run)]) == 0 and "stages: zero-shot, prompt, sft" in capsys.readouterr().out

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ScoredReply", "completions_of", "completion_logprobs", "grpo_loss"]
+__all__ = ["ScoredReply", "batch_logprobs", "completion_logprobs", "completions_of", "grpo_loss"]
 
 
 @dataclass
@@ -68,20 +68,35 @@ def _chat(message: dict[str, Any]) -> dict[str, Any]:
 
 def completion_logprobs(model: Any, tokenizer: Any, completion: ScoredReply) -> Any:
     """The log-probability of each token of the completion (a 1-d tensor)."""
+    return batch_logprobs(model, tokenizer, [completion])[0]
+
+
+def batch_logprobs(model: Any, tokenizer: Any, completions: list[ScoredReply]) -> list[Any]:
+    """`completion_logprobs` of several completions from one forward pass over them,
+    right-padded: on a CPU one batched pass costs a fraction of one pass per reply."""
     import torch
 
-    prompt = tokenizer.apply_chat_template(completion.prompt, tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template(
-        [*completion.prompt, {"role": "assistant", "content": completion.text}], tokenize=False
-    )
-    if not full.startswith(prompt):  # a template that rewrites earlier turns: score the reply on its own
-        full = prompt + completion.text
-    prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
-    full_ids = tokenizer(full, add_special_tokens=False, return_tensors="pt").input_ids
-    start = prompt_ids.shape[1]
-    logits = model(full_ids).logits[0, start - 1 : -1]
-    targets = full_ids[0, start:]
-    return torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
+    rows: list[list[int]] = []
+    starts: list[int] = []
+    for completion in completions:
+        prompt = tokenizer.apply_chat_template(completion.prompt, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(
+            [*completion.prompt, {"role": "assistant", "content": completion.text}], tokenize=False
+        )
+        if not full.startswith(prompt):  # a template that rewrites earlier turns: score the reply on its own
+            full = prompt + completion.text
+        starts.append(len(tokenizer(prompt, add_special_tokens=False).input_ids))
+        rows.append(tokenizer(full, add_special_tokens=False).input_ids)
+    width = max(len(row) for row in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+    out = []
+    for index, (row, start) in enumerate(zip(rows, starts)):
+        targets = ids[index, start : len(row)]
+        out.append(logprobs[index, start - 1 : len(row) - 1].gather(1, targets.unsqueeze(1)).squeeze(1))
+    return out
 
 
 def grpo_loss(
@@ -91,15 +106,18 @@ def grpo_loss(
     import torch
 
     total = torch.zeros(())
-    for completion in completions:
-        logprobs = completion_logprobs(model, tokenizer, completion)
+    if not completions:
+        return total
+    policy = batch_logprobs(model, tokenizer, completions)
+    if beta > 0 and reference is not None:
+        with torch.no_grad():
+            anchored = batch_logprobs(reference, tokenizer, completions)
+    for index, (completion, logprobs) in enumerate(zip(completions, policy)):
         if logprobs.numel() == 0:
             continue
         loss = -completion.advantage * logprobs.mean()
         if beta > 0 and reference is not None:
-            with torch.no_grad():
-                ref = completion_logprobs(reference, tokenizer, completion)
-            delta = ref - logprobs
+            delta = anchored[index] - logprobs
             loss = loss + beta * (torch.exp(delta) - delta - 1).mean()
         total = total + loss
-    return total / max(len(completions), 1)
+    return total / len(completions)

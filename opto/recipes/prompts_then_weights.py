@@ -88,7 +88,9 @@ FINETUNE_DEFAULTS: dict[str, Any] = {
 }
 _METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {},
-    "dpo": {"learning_rate": 1e-4, "beta": 0.1},
+    # The preference loss plus the chosen replies' likelihood (RPO): DPO alone also lowers
+    # the chosen reply's probability, and a 135M model then forgets what SFT taught it.
+    "dpo": {"learning_rate": 1e-4, "beta": 0.1, "config": {"loss_type": ["sigmoid", "sft"]}},
     "grpo": {"learning_rate": 1e-4, "beta": 0.04},  # a KL term: the tuned model stays near where it started
 }
 _SETTINGS = SETTINGS_FILE
@@ -119,6 +121,14 @@ class StageResult(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict, description="the agent's values when tested")
     train_records: int | None = Field(None, description="fine-tuning records the stage trained on")
     scores: list[float | None] = Field(default_factory=list, description="per test example, in test order")
+    kept: bool | None = Field(
+        None, description="a weights stage: whether the chain went on with its model (see `keep`)"
+    )
+    compared_with: str | None = Field(None, description="the stage whose model it was validated against")
+    validation_change: float | None = Field(
+        None, description="its validation accuracy minus that stage's, paired over the validation examples"
+    )
+    validation_interval: tuple[float, float] | None = None
 
 
 class WeightsReport(BaseModel):
@@ -132,6 +142,7 @@ class WeightsReport(BaseModel):
     # The last stage against the prompt stage, paired over the test examples.
     chain_change: float | None = None
     chain_change_interval: tuple[float, float] | None = None
+    kept: str | None = Field(None, description="the weights stage whose model the chain ended with (None: the base)")
     seconds: float = 0.0
 
     def stage(self, name: str) -> StageResult | None:
@@ -157,6 +168,9 @@ async def aprompts_then_weights(
     collect_n: int = 256,
     samples: int = 4,
     temperature: float = 0.7,
+    gold: bool = True,
+    keep: Literal["better", "last"] = "better",
+    weights_validation_n: int = 64,
     base_folder: str | Path | None = None,
     finetune: Mapping[str, Any] | None = None,
     resume: bool = False,
@@ -179,14 +193,25 @@ async def aprompts_then_weights(
         validation_n: validation examples of the prompt stages.
         test_n: held-out test examples every stage is measured on.
         collect_n: training examples the optimized agent answers for the training data.
-        samples: answers per collected example.
+        samples: answers per collected example (and per example a later stage of a chain
+            draws from the model it starts from).
         temperature: their sampling temperature.
+        gold: in a later stage of a chain, where none of the model's samples of an example
+            is correct, learn the expected answer instead: DPO's chosen reply, a GRPO
+            group's extra member with reward 1.
+        keep: "better": a weights stage is validated against the model the chain had
+            (on `weights_validation_n` validation examples, paired) and the chain goes on
+            with it only when it is at least as accurate; "last": always with the newest.
+        weights_validation_n: the validation examples of that check (after the
+            `validation_n` the prompt stages validate on).
         base_folder: the Hugging Face folder of `model`'s weights, to fine-tune (default:
             the embedded model's, converted once, `embedded_model_folder()`).
         finetune: `TRLAdapter` settings over `FINETUNE_DEFAULTS` (e.g. `{"max_steps": 4}`).
         resume: continue the chain in `run_dir` (the same settings) from its stage.
     """
     methods = chain_of(method)
+    if keep not in ("better", "last"):
+        raise OptoValueError(f'keep must be "better" or "last", got {keep!r}')
     started = time.monotonic()
     run = Path(run_dir)
     settings = {
@@ -200,6 +225,9 @@ async def aprompts_then_weights(
         "collect_n": collect_n,
         "samples": samples,
         "temperature": temperature,
+        "gold": gold,
+        "keep": keep,
+        "weights_validation_n": weights_validation_n,
         "finetune": dict(finetune or {}),
     }
     done = _start(run, settings, resume)
@@ -252,11 +280,11 @@ class _Chain:
             agent = await self._optimize(FewShotAgent(self.model), self.folder / "prompt")
             return await self._measure("prompt", agent)
         if stage == "prompt-again":
-            agent = self._tuned_agent()
+            agent = self._kept_agent()
             agent.apply(done[self.methods[-1]].parameters)
             agent = await self._optimize(agent, self.folder / "prompt-again")
             return await self._measure("prompt-again", agent)
-        return await self._finetune(stage, done["prompt"].parameters)
+        return await self._finetune(stage, done)
 
     async def _optimize(self, agent: FewShotAgent, folder: Path) -> FewShotAgent:
         s = self.settings
@@ -272,28 +300,91 @@ class _Chain:
         )
         return agent
 
-    async def _finetune(self, method: str, prompted: dict[str, Any]) -> StageResult:
-        agent = FewShotAgent(self.model)
-        agent.apply(prompted)
-        records = await self._training_data(agent, method)
-        position = self.methods.index(method)
-        if len(recorded_switches(self.folder)) <= position:  # not yet trained and switched to
-            status = await self._train(method, records, await self._start_folder(position))
-            switch_model(agent, status, run_dir=self.folder)
-        tuned = self._tuned_agent()
-        tuned.apply({**prompted, "demos": []})  # distilled: asked zero-shot
-        result = await self._measure(method, tuned)  # type: ignore[arg-type]
+    async def _finetune(self, method: str, done: dict[str, StageResult]) -> StageResult:
+        """Train `method` on the model the chain has, validate it against that model, go on
+        with the better one (`keep`), and measure the tuned model zero-shot."""
+        prompted = done["prompt"].parameters
+        before = self._kept_stage(done)
+        records = await self._training_data(method, prompted, on_policy=self.methods.index(method) > 0)
+        status = await self._train(method, records, await self._start_folder(before))
+        candidate = FewShotAgent(self.model)
+        switch_model(candidate, status)
+        candidate.apply({**prompted, "demos": []})  # distilled: asked zero-shot
+        current = self._kept_agent() if before != "prompt" else FewShotAgent(self.model)
+        current.apply(prompted if before == "prompt" else {**prompted, "demos": []})
+        change = paired_change(await self._validate(before, current), await self._validate(method, candidate))
+        kept = self.settings["keep"] == "last" or (change is not None and change.difference >= 0)
+        switches = recorded_switches(self.folder)
+        if kept and not (switches and switches[-1].job_id == status.job_id):
+            switch_model(FewShotAgent(self.model), status, run_dir=self.folder)
+        if not kept:
+            logger.warning(
+                "%s is less accurate than %s on the validation examples (%+.1f points): the chain goes on with %s",
+                method,
+                before,
+                100 * (change.difference if change else 0.0),
+                before,
+            )
+        result = await self._measure(method, candidate)  # type: ignore[arg-type]
         result.train_records = len(read_jsonl(records))
+        result.kept, result.compared_with = kept, before
+        if change is not None:
+            result.validation_change = change.difference
+            result.validation_interval = (change.interval.low, change.interval.high)
         return result
 
-    async def _training_data(self, agent: FewShotAgent, method: str) -> Path:
-        """The optimized agent's answers on the training split, as `method`'s records in the zero-shot form."""
+    async def _validate(self, stage: str, agent: FewShotAgent) -> list[float | None]:
+        """`agent`'s scores on the validation examples of the weights check (kept in data/)."""
+        path = self.folder / "data" / f"validation-{stage}.json"
+        if path.exists():
+            return list(read_json_object(path)["scores"])
+        s = self.settings
+        # The validation examples after those the prompt stages chose their candidates on.
+        shown = s["validation_n"]
+        examples = bigbench(s["task"], split="validation", n=shown + s["weights_validation_n"], seed=s["seed"])[shown:]
+        result = await aevaluate(agent, self.guide, examples, concurrency=16, progress=self.progress)
+        atomic_write_json(path, {"scores": result.scores, "mean": result.mean})
+        return list(result.scores)
+
+    async def _training_data(self, method: str, prompted: dict[str, Any], *, on_policy: bool) -> Path:
+        """`method`'s records in the zero-shot form: from the optimized agent's answers on the
+        training split (the first weights stage), or, `on_policy`, from what the model the
+        chain has answers itself."""
         s = self.settings
         out = self.folder / "data" / f"{method}.jsonl"
         if out.exists():
             return out
         examples = bigbench(s["task"], split="train", n=s["collect_n"], seed=s["seed"])
-        folder = self.folder / "collect"
+        agent = FewShotAgent(self.model)
+        agent.apply(prompted)
+        if on_policy:
+            sampler = self._kept_agent()
+            sampler.apply({**prompted, "demos": []})
+            # A tuned model batches the calls drawn under one seed (sample k of each example):
+            # `samples` times the usual concurrency keeps its batches full.
+            folder = self.folder / f"collect-{method}"
+            answers = await self._collect(sampler, examples, folder, concurrency=16 * s["samples"])
+            golds = {str(e.id): _gold(e) for e in examples} if s["gold"] else {}
+            made = {i: _on_policy_records(method, replies, golds.get(i)) for i, replies in answers.items()}
+        else:
+            answers = await self._collect(agent, examples, self.folder / "collect")
+            own = await self._own_replies(agent, examples, method) if method == "dpo" else {}
+            made = {i: _records(method, replies, own.get(i)) for i, replies in answers.items()}
+        questions = {str(e.id): e.x for e in examples}
+        rows = [_with_prompt(row, agent.messages(questions[i], demos=False)) for i in made for row in made[i]]
+        if not rows:
+            raise FineTuneError(
+                f"no usable {method} data on {len(examples)} training examples (see {self.folder / 'collect'}); "
+                "collect more examples or samples"
+            )
+        atomic_write_jsonl(out, rows)
+        return out
+
+    async def _collect(
+        self, agent: FewShotAgent, examples: list[Example], folder: Path, concurrency: int = 16
+    ) -> dict[str, list[tuple[str, float]]]:
+        """`agent`'s judged answers, `samples` per example, by example id (kept in `folder`)."""
+        s = self.settings
         await acollect(
             agent,
             self.guide,
@@ -303,6 +394,7 @@ class _Chain:
             seed=s["seed"],
             run_dir=folder,
             resume=(folder / "collect.json").exists(),
+            concurrency=concurrency,
             progress=self.progress,
         )
         answers: dict[str, list[tuple[str, float]]] = {}
@@ -310,33 +402,18 @@ class _Chain:
             if record.get("type") == "rollout" and record.get("output") is not None:
                 reply = (str(record["output"]), record.get("score") or 0.0)
                 answers.setdefault(record["instance_id"], []).append(reply)
-        own = await self._own_replies(agent, examples, method) if method == "dpo" else {}
-        questions = {e.id: e.x for e in examples}
-        rows = [
-            row
-            for example_id, replies in answers.items()
-            for row in _records(
-                method, agent.messages(questions[example_id], demos=False), replies, own.get(example_id)
-            )
-        ]
-        if not rows:
-            raise FineTuneError(
-                f"the optimized agent gave no usable {method} data on {len(examples)} training "
-                f"examples (see {folder}); collect more examples or samples"
-            )
-        atomic_write_jsonl(out, rows)
-        return out
+        return answers
 
     async def _own_replies(
         self, agent: FewShotAgent, examples: list[Example], method: str
     ) -> dict[str, tuple[str, float]]:
-        """What the model this stage tunes answers itself in the zero-shot form (greedy),
-        judged: DPO's rejected replies, so it learns away from what it would say (kept in
-        data/). In a chain, that model is the one the stage before tuned."""
+        """What the base model answers itself in the zero-shot form (greedy), judged: the
+        first stage's DPO rejected replies, so it learns away from what it would say (kept
+        in data/)."""
         path = self.folder / "data" / f"own-replies-{method}.json"
         if path.exists():
             return {k: (v[0], v[1]) for k, v in read_json_object(path).items()}
-        untuned = self._tuned_agent() if self.methods.index(method) > 0 else FewShotAgent(self.model)
+        untuned = FewShotAgent(self.model)
         untuned.apply({**agent.stored_values(), "demos": []})
         result = await aevaluate(untuned, self.guide, examples, concurrency=16, progress=self.progress)
         own = {
@@ -347,28 +424,24 @@ class _Chain:
         atomic_write_json(path, {k: list(v) for k, v in own.items()})
         return own
 
-    async def _start_folder(self, position: int) -> Path:
-        """The weights the stage at `position` of the chain starts from: the base model's
-        folder, or the stage before it merged into a full model (made once, kept in the run)."""
+    async def _start_folder(self, before: str) -> Path:
+        """The weights a stage starts from: the base model's folder, or the kept stage
+        `before` merged into a full model (made once, kept in the run)."""
         from ..finetune.lora import merge_adapter
         from ..llm.transformers_model import embedded_model_folder
 
-        if position == 0:
+        switches = recorded_switches(self.folder)
+        if not switches:
             return Path(self.base_folder or embedded_model_folder())
-        before = self.methods[position - 1]
-        adapter = Path(recorded_switches(self.folder)[position - 1].target)
-        return await asyncio.to_thread(merge_adapter, adapter, self.folder / f"merged-{before}")
+        return await asyncio.to_thread(merge_adapter, Path(switches[-1].target), self.folder / f"merged-{before}")
 
     async def _train(self, method: str, records: Path, start: Path) -> TrainingJobStatus:
         """Fine-tune `start` on `records`; a job this run started earlier is waited for."""
         from ..finetune.trl_adapter import TRLAdapter
 
-        options = {
-            **FINETUNE_DEFAULTS,
-            **_METHOD_DEFAULTS[method],
-            "seed": self.settings["seed"],
-            **self.settings["finetune"],
-        }
+        defaults, given = _METHOD_DEFAULTS[method], self.settings["finetune"]
+        options = {**FINETUNE_DEFAULTS, **defaults, "seed": self.settings["seed"], **given}
+        options["config"] = {**defaults.get("config", {}), **given.get("config", {})}  # TRL's own settings, merged
         adapter = TRLAdapter(start, output_dir=self.folder / "finetune", method=method, **options)
         job = self.folder / f"finetune-{method}.json"
         if job.exists():
@@ -391,11 +464,16 @@ class _Chain:
             )
         return status
 
-    def _tuned_agent(self) -> FewShotAgent:
-        """The few-shot agent on the tuned model, as the run directory's switch says."""
+    def _kept_stage(self, done: dict[str, StageResult]) -> str:
+        """The last weights stage the chain went on with, or "prompt" when none."""
+        kept = [m for m in self.methods if m in done and done[m].kept is not False]
+        return kept[-1] if kept else "prompt"
+
+    def _kept_agent(self) -> FewShotAgent:
+        """The few-shot agent on the model the chain has: the run directory's last switch,
+        or the base model when no stage was kept."""
         agent = FewShotAgent(self.model)
-        if not apply_recorded_switches(agent, self.folder):
-            raise RunDirError(f"{self.folder} records no switch to a tuned model; run the fine-tuning stage first")
+        apply_recorded_switches(agent, self.folder)
         return agent
 
     async def _measure(self, stage: Stage, agent: FewShotAgent) -> StageResult:
@@ -417,43 +495,65 @@ class _Chain:
 
 
 def _records(
-    method: str, prompt: list[dict[str, str]], replies: list[tuple[str, float]], own: tuple[str, float] | None = None
+    method: str, replies: list[tuple[str, float]], own: tuple[str, float] | None = None
 ) -> list[dict[str, Any]]:
-    """One example's training records: the first correct reply (sft); a correct reply over
-    the model's `own` zero-shot reply when that is wrong, else over a wrong sample (dpo);
-    or the whole judged group (grpo)."""
+    """One example's records from the optimized agent's replies (the prompt added later):
+    the first correct reply (sft); a correct reply over the model's `own` zero-shot reply
+    when that is wrong, else over a wrong sample (dpo); or the whole judged group (grpo)."""
     right = [text for text, score in replies if score >= 1.0]
     wrong = [text for text, score in replies if score < 1.0 and text not in right]
     if own is not None and own[1] < 1.0 and own[0] not in right:
         wrong.insert(0, own[0])
     if method == "sft":
-        return [{"messages": [*prompt, {"role": "assistant", "content": right[0]}]}] if right else []
+        return [{"completion": right[0]}] if right else []
     if method == "dpo":
-        return (
-            [
-                {
-                    "prompt": prompt,
-                    "chosen": [{"role": "assistant", "content": right[0]}],
-                    "rejected": [{"role": "assistant", "content": wrong[0]}],
-                }
-            ]
-            if right and wrong
-            else []
-        )
-    return [
-        {
-            "trajectories": [
-                {
-                    "messages_and_choices": [
-                        *prompt,
-                        {"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": text}},
-                    ],
-                    "reward": score,
-                }
-                for text, score in replies
-            ]
+        return [{"chosen": right[0], "rejected": wrong[0]}] if right and wrong else []
+    return [{"group": replies}]
+
+
+def _on_policy_records(method: str, replies: list[tuple[str, float]], gold: str | None) -> list[dict[str, Any]]:
+    """One example's records from a model's own samples: for DPO a pair per distinct wrong
+    sample, a correct sample (or, where none is, `gold`) over it; for GRPO the judged
+    samples (with `gold` at reward 1 where none is correct); for SFT the correct ones."""
+    right = list(dict.fromkeys(text for text, score in replies if score >= 1.0))
+    wrong = list(dict.fromkeys(text for text, score in replies if score < 1.0 and text not in right))
+    if method == "sft":
+        return [{"completion": text} for text in right or ([gold] if gold else [])]
+    if method == "dpo":
+        chosen = right or ([gold] if gold else [])
+        return [{"chosen": chosen[i % len(chosen)], "rejected": text} for i, text in enumerate(wrong)] if chosen else []
+    return [{"group": replies if right or not gold else [*replies, (gold, 1.0)]}]
+
+
+def _with_prompt(row: dict[str, Any], prompt: list[dict[str, str]]) -> dict[str, Any]:
+    """A record of `_records` as the TRL adapter's line: chat messages (sft), a trl-chat
+    pair (dpo) or an ART trajectory group (grpo)."""
+    if "completion" in row:
+        return {"messages": [*prompt, {"role": "assistant", "content": row["completion"]}]}
+    if "chosen" in row:
+        return {
+            "prompt": prompt,
+            "chosen": [{"role": "assistant", "content": row["chosen"]}],
+            "rejected": [{"role": "assistant", "content": row["rejected"]}],
         }
-    ]
+    return {
+        "trajectories": [
+            {
+                "messages_and_choices": [
+                    *prompt,
+                    {"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": text}},
+                ],
+                "reward": score,
+            }
+            for text, score in row["group"]
+        ]
+    }
+
+
+def _gold(example: Example) -> str:
+    """The example's first accepted answer."""
+    info = example.info
+    return str(info[0] if isinstance(info, (list, tuple)) and info else info)
 
 
 def _start(run: Path, settings: dict[str, Any], resume: bool) -> dict[str, StageResult]:
@@ -491,7 +591,11 @@ def _report(settings: dict[str, Any], run: Path, stages: list[StageResult], seco
         stages=stages,
         seconds=round(seconds, 1),
     )
-    prompt, last = report.stage("prompt"), stages[-1]
+    weights = [s for s in stages if s.kept is not None]
+    report.kept = next((s.stage for s in reversed(weights) if s.kept), None)
+    # What the chain ends with: its last stage, unless that is a weights stage it did not keep.
+    ended = [s for s in stages if s.kept is not False]
+    prompt, last = report.stage("prompt"), ended[-1]
     change = paired_change(prompt.scores, last.scores) if prompt is not None and last is not prompt else None
     if change is not None:
         report.chain_change = change.difference

@@ -22,7 +22,7 @@ from typing import Any
 from .._util.files import atomic_write_text, read_jsonl
 from ..run.ledger import RunDir
 from .markdown import ReportSummary, _checkpoint, _num, write_report
-from .stages import is_stage_run, read_stages
+from .stages import is_stage_run, kept_text, read_stages
 
 __all__ = ["write_html_report"]
 
@@ -219,11 +219,12 @@ def _stage_body(folder: Path, summary: ReportSummary) -> str:
             f'<tr><td>{_e(line["stage"])}</td><td class="num">{_num(line.get("test_accuracy"))}</td>'
             f'<td class="num">[{_num(low)}, {_num(high)}]</td>'
             f'<td class="num">{_e(str(line.get("prompt_tokens_per_call", "")))}</td>'
-            f'<td class="num">{_e(str(line.get("calls", "")))}</td><td>{_e(str(line.get("model", "")))}</td></tr>'
+            f'<td class="num">{_e(str(line.get("calls", "")))}</td><td>{_e(str(line.get("model", "")))}</td>'
+            f"<td>{_e(kept_text(line))}</td></tr>"
         )
     table = (
         "<table><tr><th>stage</th><th>test accuracy</th><th>95% interval</th><th>prompt tokens per call</th>"
-        "<th>calls</th><th>model</th></tr>" + "".join(rows) + "</table>"
+        "<th>calls</th><th>model</th><th>kept</th></tr>" + "".join(rows) + "</table>"
     )
     return "\n".join(["<h2>Stages</h2>", _image(Path(summary.png), "test accuracy by stage", summary), table])
 

@@ -2,7 +2,9 @@
 
 The stages' lines of ``metrics.jsonl`` become ``report.png`` (test accuracy with its 95%
 interval per stage, and the prompt tokens per call on a second axis) and ``report.md``
-(a table of the figures, and each stage's system prompt and demos).
+(a table of the figures, and each stage's system prompt and demos). A weights stage the
+chain did not go on with (it was less accurate on the validation examples than the model
+before it) is drawn hatched in grey, and the table says so and by how much.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from .._util.files import atomic_write_text, read_jsonl
 
-__all__ = ["is_stage_run", "stage_report"]
+__all__ = ["is_stage_run", "kept_text", "read_stages", "stage_report"]
 
 SETTINGS_FILE = "pipeline.json"
 
@@ -58,7 +60,15 @@ def _plot(path: Path, stages: list[dict[str, Any]], title: str) -> None:
     low = [a - 100 * s["test_interval"][0] for a, s in zip(accuracy, stages)]
     high = [100 * s["test_interval"][1] - a for a, s in zip(accuracy, stages)]
     positions = range(len(stages))
-    ax.bar(positions, accuracy, width=0.6, color="tab:green", label="test accuracy")
+    dropped = [s.get("kept") is False for s in stages]
+    ax.bar(
+        positions,
+        accuracy,
+        width=0.6,
+        color=["tab:gray" if d else "tab:green" for d in dropped],
+        hatch=[("//" if d else "") for d in dropped],
+        label="test accuracy" + (" (hatched: a stage not kept)" if any(dropped) else ""),
+    )
     ax.errorbar(positions, accuracy, yerr=[low, high], fmt="none", ecolor="black", capsize=5, label="95% interval")
     ax.set_ylim(0, 100)
     ax.set_ylabel("test accuracy (%)")
@@ -86,17 +96,17 @@ def _markdown(folder: Path, stages: list[dict[str, Any]]) -> str:
     lines = [
         f"# Prompts, then weights: {folder}",
         "",
-        "| stage | test accuracy | 95% interval | prompt tokens / call | calls | seconds | model |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| stage | test accuracy | 95% interval | prompt tokens / call | calls | seconds | model | kept |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in stages:
         low, high = s["test_interval"]
         lines.append(
             f"| {s['stage']} | {100 * s['test_accuracy']:.1f}% | [{100 * low:.1f}, {100 * high:.1f}] | "
-            f"{s['prompt_tokens_per_call']:.1f} | {s['calls']} | {s['seconds']:.1f} | {s['model']} |"
+            f"{s['prompt_tokens_per_call']:.1f} | {s['calls']} | {s['seconds']:.1f} | {s['model']} | {kept_text(s)} |"
         )
     if not stages:
-        lines.append("| (no stage finished yet) | | | | | | |")
+        lines.append("| (no stage finished yet) | | | | | | | |")
     for s in stages:
         values = s.get("parameters") or {}
         demos = values.get("demos") or []
@@ -110,3 +120,12 @@ def _markdown(folder: Path, stages: list[dict[str, Any]]) -> str:
         if s.get("train_records"):
             lines.append(f"- trained on {s['train_records']} records")
     return "\n".join(lines) + "\n"
+
+
+def kept_text(stage: dict[str, Any]) -> str:
+    """Whether the chain went on with a weights stage's model, and why (blank for a prompt stage)."""
+    if stage.get("kept") is None:
+        return ""
+    change = stage.get("validation_change")
+    versus = f"{100 * change:+.1f} points vs {stage.get('compared_with')} on validation" if change is not None else ""
+    return ("yes" if stage["kept"] else "no") + (f" ({versus})" if versus else "")

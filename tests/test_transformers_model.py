@@ -4,6 +4,7 @@ concurrent calls, logprobs, LoRA adapters, and clear errors for what it cannot r
 from __future__ import annotations
 
 import asyncio
+import time
 import itertools
 import json
 import os
@@ -156,6 +157,31 @@ def test_concurrent_calls_with_the_same_settings_share_a_generate(tiny):
     before = model.generate_calls
     asyncio.run(mixed())
     assert model.generate_calls == before + 2
+
+
+def test_calls_arriving_one_by_one_while_the_worker_is_busy_wait_there_as_one_batch(tiny):
+    """Sealed at its timer, each late call used to be a batch of its own behind the one running."""
+    model = TransformersModel(tiny, batch_wait=0.005)
+    run = model._run
+
+    def slow(prompts, settings):  # the first batch holds the worker while the others arrive
+        if model.generate_calls == 0:
+            time.sleep(0.5)
+        return run(prompts, settings)
+
+    model._run = slow
+
+    async def staggered():
+        first = asyncio.ensure_future(model.complete(ASK, max_tokens=3))
+        later = []
+        for _ in range(5):
+            await asyncio.sleep(0.05)  # ten times the batch wait: each would have gone alone
+            later.append(asyncio.ensure_future(model.complete(ASK, max_tokens=3)))
+        return await asyncio.gather(first, *later)
+
+    model.load()
+    replies = asyncio.run(staggered())
+    assert len(replies) == 6 and model.generate_calls == 2
 
 
 class Echo(Agent):

@@ -676,10 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-again", action="store_true", help="with --finetune: stop after the fine-tuned stage")
     demo.add_argument(
         "--keep",
-        default="better",
-        choices=("better", "last"),
-        help="with --finetune: go on with a tuned model only when it is at least as accurate on validation "
-        "examples as the model before it (better, the default), or always (last)",
+        default="unless-worse",
+        choices=("unless-worse", "last"),
+        help="with --finetune: go on with a tuned model unless it is worse than the model before it on "
+        "validation examples beyond doubt (unless-worse, the default), or always (last)",
     )
     demo.add_argument(
         "--check",

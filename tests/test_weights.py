@@ -138,6 +138,7 @@ def test_a_chain_starts_each_stage_from_the_model_the_stage_before_tuned(tmp_pat
     samples = [r for r in RunDir(run / f"collect-{second}").ledger() if r.get("type") == "rollout"]
     assert len(samples) == 6 * 2 and all(r["trace"][0]["model"] == sft_stage.model for r in samples)
     assert all(len(r["trace"][0]["messages"]) == 2 for r in samples)  # system prompt and question, no demos
+    assert all(r["trace"][0]["logprobs"] for r in samples)  # so `opto export --format art` groups are on-policy
     sampled = {str(r["output"]) for r in samples}
     golds = {e.x: e.info[0] for e in bigbench("plural", split="train", n=6)}
     for line in (run / "data" / f"{second}.jsonl").read_text().splitlines():
@@ -169,7 +170,7 @@ def test_a_stage_less_accurate_on_validation_is_reported_and_the_chain_goes_on_w
         return [1.0 if stage == "sft" else 0.0] * len(scores)
 
     monkeypatch.setattr(recipe._Chain, "_validate", sft_best)
-    report = run_chain(run, tiny, method="sft,dpo", keep="better", weights_validation_n=5)
+    report = run_chain(run, tiny, method="sft,dpo", keep="unless-worse", weights_validation_n=5)
     assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "dpo", "prompt-again"]
     prompt, sft, dpo, again = report.stages[1:]
     assert sft.kept and sft.compared_with == "prompt"
@@ -230,11 +231,34 @@ def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(
 
 
 
+def test_a_chain_stopped_in_its_second_stage_resumes_there(tmp_path: Path, tiny: Path, monkeypatch) -> None:
+    run, waited, calls = tmp_path / "run", TRLAdapter.wait_until_complete, []
+
+    async def crash_second(self, ref, **kwargs):
+        calls.append(ref)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process stops while the GRPO job trains
+        return await waited(self, ref, **kwargs)
+
+    monkeypatch.setattr(TRLAdapter, "wait_until_complete", crash_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_chain(run, tiny, method="sft,grpo", again=False)
+    assert [json.loads(line)["stage"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
+        "zero-shot", "prompt", "sft"]
+    sampled = (run / "collect-grpo" / "ledger.jsonl").read_text()
+    report = run_chain(run, tiny, method="sft,grpo", again=False, resume=True)
+    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "grpo"]
+    assert len(list((run / "finetune").iterdir())) == 2  # the GRPO job was waited for, not submitted again
+    assert (run / "collect-grpo" / "ledger.jsonl").read_text() == sampled  # nor its samples drawn again
+    assert [s.job_id for s in recorded_switches(run)] == [
+        json.loads((run / f"finetune-{m}.json").read_text())["job_id"] for m in ("sft", "grpo")]
+
+
 def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -> None:
     for method in ("ppo", "sft,sft", "sft,ppo", ""):
         with pytest.raises(ValueError, match="method must be one of sft, dpo, grpo or a chain of them"):
             prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", method=method)
-    with pytest.raises(ValueError, match='keep must be "better" or "last", got \'best\''):
+    with pytest.raises(ValueError, match='keep must be "unless-worse" or "last", got \'best\''):
         prompts_then_weights(ScriptedModel(base_reply), run_dir=tmp_path / "run", keep="best")
     with pytest.raises(SystemExit):
         main(["demo", "--finetune", "sft,sft", "--run-dir", str(tmp_path / "run")])

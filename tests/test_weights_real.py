@@ -36,9 +36,9 @@ def test_demo_finetune_sft_distils_the_prompt_stage_into_the_embedded_model(tmp_
     assert zero["test_accuracy"] == 0.0  # the embedded model writes a sentence when asked zero-shot
     assert sft["prompt_tokens_per_call"] <= prompt["prompt_tokens_per_call"] and sft["train_records"] > 0
     # The tuned model is a LoRA adapter on the converted embedded model; it was checked against
-    # the prompt stage on 16 validation examples, and the run goes on with it only if not worse.
+    # the prompt stage on 16 validation examples, and the run goes on with it unless it is worse.
     assert sft["compared_with"] == "prompt" and sft["validation_change"] is not None
-    assert sft["kept"] == (sft["validation_change"] >= 0)
+    assert sft["kept"] == (sft["validation_interval"][1] >= 0)
     assert len(recorded_switches(run)) == int(sft["kept"])
     assert len(list((run / "finetune").glob("*/model/adapter_config.json"))) == 1
     # Trained on answers of one word, it now answers with a word too: no sentence.

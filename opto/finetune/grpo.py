@@ -72,12 +72,15 @@ def completion_logprobs(model: Any, tokenizer: Any, completion: ScoredReply) -> 
 
 
 def batch_logprobs(model: Any, tokenizer: Any, completions: list[ScoredReply]) -> list[Any]:
-    """`completion_logprobs` of several completions from one forward pass over them,
-    right-padded: on a CPU one batched pass costs a fraction of one pass per reply."""
+    """`completion_logprobs` of several completions from one forward pass over them: on a
+    CPU one batched pass costs a fraction of one pass per reply. The rows are padded on
+    the left, so every reply ends at the last position and the vocabulary-wide logits are
+    computed for the reply tokens only (a 49k-token vocabulary over whole prompts was
+    most of a step's memory)."""
     import torch
 
     rows: list[list[int]] = []
-    starts: list[int] = []
+    lengths: list[int] = []  # reply tokens per row
     for completion in completions:
         prompt = tokenizer.apply_chat_template(completion.prompt, tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(
@@ -85,24 +88,30 @@ def batch_logprobs(model: Any, tokenizer: Any, completions: list[ScoredReply]) -
         )
         if not full.startswith(prompt):  # a template that rewrites earlier turns: score the reply on its own
             full = prompt + completion.text
-        starts.append(len(tokenizer(prompt, add_special_tokens=False).input_ids))
-        rows.append(tokenizer(full, add_special_tokens=False).input_ids)
+        row = tokenizer(full, add_special_tokens=False).input_ids
+        rows.append(row)
+        lengths.append(len(row) - len(tokenizer(prompt, add_special_tokens=False).input_ids))
     width = max(len(row) for row in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
-    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
-    logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    keep = max(lengths) + 1  # the logits at position t predict token t + 1
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
     out = []
-    for index, (row, start) in enumerate(zip(rows, starts)):
-        targets = ids[index, start : len(row)]
-        out.append(logprobs[index, start - 1 : len(row) - 1].gather(1, targets.unsqueeze(1)).squeeze(1))
+    for index, length in enumerate(lengths):
+        targets = ids[index, width - length :]
+        scored = logprobs[index, keep - 1 - length : keep - 1]
+        out.append(scored.gather(1, targets.unsqueeze(1)).squeeze(1))
     return out
 
 
 def grpo_loss(
     model: Any, tokenizer: Any, completions: list[ScoredReply], *, beta: float = 0.0, reference: Any = None
 ) -> Any:
-    """The mean GRPO loss over `completions` (see the module); `reference` scores the KL term."""
+    """The mean GRPO loss over `completions` (see the module); `reference` scores the KL
+    term: a model, or for a LoRA model (peft) "adapters off", its own base."""
     import torch
 
     total = torch.zeros(())
@@ -111,7 +120,11 @@ def grpo_loss(
     policy = batch_logprobs(model, tokenizer, completions)
     if beta > 0 and reference is not None:
         with torch.no_grad():
-            anchored = batch_logprobs(reference, tokenizer, completions)
+            if reference == "adapters off":
+                with model.disable_adapter():
+                    anchored = batch_logprobs(model, tokenizer, completions)
+            else:
+                anchored = batch_logprobs(reference, tokenizer, completions)
     for index, (completion, logprobs) in enumerate(zip(completions, policy)):
         if logprobs.numel() == 0:
             continue

@@ -148,11 +148,14 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
         )
     model = AutoModelForCausalLM.from_pretrained(job["model_path"])
     beta = float(settings.get("beta") or 0.0)
-    reference = copy.deepcopy(model).eval() if beta > 0 else None
+    reference: Any = None
     if job.get("lora"):
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(**job["lora"]))  # a wrapped model
+        reference = "adapters off" if beta > 0 else None  # its base is the reference: no second copy
+    elif beta > 0:
+        reference = copy.deepcopy(model).eval()
     completions, dropped = completions_of(read_jsonl(job["dataset"]))
     if not completions:
         raise DatasetFormatError(

@@ -58,13 +58,21 @@ class FewShotAgent(Agent):
     """Answers with one model call: system prompt, demos as earlier turns, the question.
 
     Both the system prompt and the demos are trainable; the answer is the reply's first line.
+    With `logprobs=True` each call records its tokens' log-probabilities (what makes the
+    groups of a collection on-policy for GRPO exports).
     """
 
     def __init__(
-        self, model: Model, prompt: str = "Answer the question.", max_demos: int = 4, max_tokens: int = 12
+        self,
+        model: Model,
+        prompt: str = "Answer the question.",
+        max_demos: int = 4,
+        max_tokens: int = 12,
+        logprobs: bool = False,
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
+        self.logprobs = logprobs
         self.system_prompt = Parameter(
             prompt,
             description="The system prompt of a model that answers with the answer only, nothing else.",
@@ -84,6 +92,7 @@ class FewShotAgent(Agent):
             temperature=0.0,
             max_tokens=self.max_tokens,
             seed=0,
+            logprobs=self.logprobs,
         )
         return first_line(reply.text)
 

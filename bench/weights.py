@@ -6,12 +6,12 @@ with the tuned model), then DPO and GRPO from the same prompt stage and the same
 collected answers (their run directories start as copies of the SFT chain's first two
 stages and its collection, so the three methods learn from identical data); and the
 chains `sft,dpo` and `sft,grpo`, which go on from the SFT chain's SFT stage (the same
-tuned model) to DPO or GRPO on that model. Every stage
-is measured on the same 64 held-out examples. Reported per task and stage: test accuracy
-(mean over seeds, each seed's, and the 95% interval of all seeds' answers pooled),
-prompt tokens per test call, model calls, and minutes; and the last stage of the chain
-against the prompt stage (a chain's also against its SFT stage), paired over the same
-examples.
+tuned model) to DPO or GRPO on that model's own samples, each checked on 64 validation
+examples against SFT (`keep="unless-worse"`). Every stage is measured on the same 64
+held-out examples. Reported per task and stage: test accuracy (mean over seeds, each
+seed's, and the 95% interval of all seeds' answers pooled), prompt tokens per test call,
+model calls, and minutes; and the last stage against the prompt stage (a chain's also
+against its SFT stage, and the model the chain kept), paired over the same examples.
 
 The runs are resumable: run it again with the same --out and it continues.
 

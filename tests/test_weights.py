@@ -114,12 +114,34 @@ def test_dpo_pairs_and_grpo_groups_come_from_the_collected_answers(tmp_path: Pat
 
 @pytest.mark.parametrize("second", ["dpo", "grpo"])
 def test_a_chain_starts_each_stage_from_the_model_the_stage_before_tuned(tmp_path: Path, tiny: Path, second: str,
-                                                                        capsys) -> None:
+                                                                        capsys, monkeypatch) -> None:
     run = tmp_path / "run"
-    report = run_chain(run, tiny, method=f"sft,{second}", again=False)
+    if second == "grpo":  # the GRPO chain is stopped while its second job trains, and resumed there
+        waited, calls = TRLAdapter.wait_until_complete, []
+
+        async def crash_second(self, ref, **kwargs):
+            calls.append(ref)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return await waited(self, ref, **kwargs)
+
+        monkeypatch.setattr(TRLAdapter, "wait_until_complete", crash_second)
+        with pytest.raises(KeyboardInterrupt):
+            run_chain(run, tiny, method="sft,grpo", again=False)
+        assert [json.loads(line)["stage"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
+            "zero-shot", "prompt", "sft"]
+        sampled = (run / "collect-grpo" / "ledger.jsonl").read_text()
+        monkeypatch.setattr(TRLAdapter, "wait_until_complete", waited)
+        report = run_chain(run, tiny, method="sft,grpo", again=False, resume=True)
+        assert len(list((run / "finetune").iterdir())) == 2  # the GRPO job was waited for, not submitted again
+        assert (run / "collect-grpo" / "ledger.jsonl").read_text() == sampled  # nor its samples drawn again
+    else:
+        report = run_chain(run, tiny, method=f"sft,{second}", again=False)
     assert report.method == f"sft,{second}"
     assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", second]
     sft_switch, second_switch = recorded_switches(run)
+    assert [sft_switch.job_id, second_switch.job_id] == [
+        json.loads((run / f"finetune-{m}.json").read_text())["job_id"] for m in ("sft", second)]
     merged = run / "merged-sft"
     assert (merged / "config.json").is_file() and (merged / "tokenizer_config.json").is_file()
     # The second stage trained the merged SFT model (its reference too), not the base.
@@ -229,29 +251,6 @@ def test_a_chain_stopped_while_fine_tuning_resumes_there_without_training_twice(
     assert answered == {e.x for e in bigbench("plural", split="validation", n=8)[4:]}
     assert any(not r["messages"][0]["content"].startswith("Answer") for r in model.requests)
 
-
-
-def test_a_chain_stopped_in_its_second_stage_resumes_there(tmp_path: Path, tiny: Path, monkeypatch) -> None:
-    run, waited, calls = tmp_path / "run", TRLAdapter.wait_until_complete, []
-
-    async def crash_second(self, ref, **kwargs):
-        calls.append(ref)
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # the process stops while the GRPO job trains
-        return await waited(self, ref, **kwargs)
-
-    monkeypatch.setattr(TRLAdapter, "wait_until_complete", crash_second)
-    with pytest.raises(KeyboardInterrupt):
-        run_chain(run, tiny, method="sft,grpo", again=False)
-    assert [json.loads(line)["stage"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
-        "zero-shot", "prompt", "sft"]
-    sampled = (run / "collect-grpo" / "ledger.jsonl").read_text()
-    report = run_chain(run, tiny, method="sft,grpo", again=False, resume=True)
-    assert [s.stage for s in report.stages] == ["zero-shot", "prompt", "sft", "grpo"]
-    assert len(list((run / "finetune").iterdir())) == 2  # the GRPO job was waited for, not submitted again
-    assert (run / "collect-grpo" / "ledger.jsonl").read_text() == sampled  # nor its samples drawn again
-    assert [s.job_id for s in recorded_switches(run)] == [
-        json.loads((run / f"finetune-{m}.json").read_text())["job_id"] for m in ("sft", "grpo")]
 
 
 def test_bad_settings_are_refused_before_anything_runs(tmp_path: Path, capsys) -> None:

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ScoredReply", "batch_logprobs", "completion_logprobs", "completions_of", "grpo_loss"]
+__all__ = ["ScoredReply", "batch_logprobs", "completions_of", "grpo_loss"]
 
 
 @dataclass
@@ -66,17 +66,12 @@ def _chat(message: dict[str, Any]) -> dict[str, Any]:
     return {"role": str(inner.get("role")), "content": str(inner.get("content") or "")}
 
 
-def completion_logprobs(model: Any, tokenizer: Any, completion: ScoredReply) -> Any:
-    """The log-probability of each token of the completion (a 1-d tensor)."""
-    return batch_logprobs(model, tokenizer, [completion])[0]
-
-
 def batch_logprobs(model: Any, tokenizer: Any, completions: list[ScoredReply]) -> list[Any]:
-    """`completion_logprobs` of several completions from one forward pass over them: on a
-    CPU one batched pass costs a fraction of one pass per reply. The rows are padded on
-    the left, so every reply ends at the last position and the vocabulary-wide logits are
-    computed for the reply tokens only (a 49k-token vocabulary over whole prompts was
-    most of a step's memory)."""
+    """The log-probability of each reply token of each completion (a 1-d tensor each), from
+    one forward pass over them all: on a CPU that costs a fraction of one pass per reply.
+    The rows are padded on the left, so every reply ends at the last position and the
+    vocabulary-wide logits are computed for the reply tokens only (a 49k-token vocabulary
+    over whole prompts was most of a step's memory)."""
     import torch
 
     rows: list[list[int]] = []

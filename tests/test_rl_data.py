@@ -285,3 +285,39 @@ def test_groups_of_rollouts_with_logprobs_are_on_policy(tmp_path):
     assert reading.stats.off_policy_trajectories == 0 and reading.stats.trajectories == 4
     choice = reading.groups[0].trajectories[0].messages_and_choices[-1]
     assert choice["logprobs"] == {"content": [{"token": "4", "logprob": -0.2}]}
+
+
+def test_a_models_own_samples_export_as_right_over_wrong_pairs_every_backend_takes(tmp_path):
+    """What a chain's later stage learns from (``RUN/collect-<stage>``), exported for any
+    backend: per question a correct sample over a wrong one, and the judged groups."""
+    import asyncio
+
+    from opto.finetune import NeMoCustomizerAdapter, OpenAIFineTuneAdapter
+    from opto.testing import FakeNeMoCustomizer, FakeOpenAIServer
+
+    collect(Sampler(SeededModel()), ExactMatchGuide(), DATA, samples=4, run_dir=tmp_path / "c", temperature=0.7,
+            progress=False)
+    for fmt, check in (("openai-dpo", "openai-dpo"), ("nemo", "nemo"), ("trl-chat", "trl-chat"), ("art", "art")):
+        report = export_run(tmp_path / "c", tmp_path / f"{fmt}.jsonl", source="agent", format=fmt)
+        assert validate_jsonl(tmp_path / f"{fmt}.jsonl", check) == report.records == len(DATA)
+    for pair in records(tmp_path / "openai-dpo.jsonl"):  # the same question: the right answer over "wrong"
+        question = int(pair["input"]["messages"][-1]["content"])
+        assert pair["preferred_output"][0]["content"] == str(2 * question)
+        assert pair["non_preferred_output"][0]["content"] == "wrong"
+    groups = records(tmp_path / "art.jsonl")
+    assert all(sorted(t["reward"] for t in g["trajectories"]) == [0.0, 0.0, 1.0, 1.0] for g in groups)
+
+    async def submit() -> tuple[str, str]:
+        with FakeOpenAIServer() as openai, FakeNeMoCustomizer() as nemo:
+            to_openai = OpenAIFineTuneAdapter("gpt-4o-mini", base_url=openai.base_url, api_key="sk-test",
+                                              min_examples=len(DATA))  # OpenAI asks for 10; the fake, any
+            to_nemo = NeMoCustomizerAdapter("meta/llama-3.2-1b-instruct@v1.0.0+A100", base_url=nemo.base_url,
+                                            min_examples=len(DATA))
+            try:
+                done = [await a.wait_until_complete(await a.submit(tmp_path / f), poll_interval=0.01, timeout=10)
+                        for a, f in ((to_openai, "openai-dpo.jsonl"), (to_nemo, "nemo.jsonl"))]
+            finally:
+                await to_openai.aclose()
+            return done[0].status, done[1].status
+
+    assert asyncio.run(submit()) == ("succeeded", "succeeded")

@@ -97,8 +97,9 @@ def test_the_chain_measures_every_stage_and_the_tuned_model_is_asked_zero_shot(t
 
 @pytest.mark.parametrize("method, fmt", [("dpo", "trl-chat"), ("grpo", "art")])
 def test_dpo_pairs_and_grpo_groups_come_from_the_collected_answers(tmp_path: Path, tiny: Path, method: str,
-                                                                   fmt: str) -> None:
+                                                                   fmt: str, caplog) -> None:
     report = run_chain(tmp_path / "run", tiny, method=method, again=False)
+    assert f"Chain it after SFT instead: method='sft,{method}'" in caplog.text  # from the base model: warned
     assert [s.stage for s in report.stages] == ["zero-shot", "prompt", method]
     data = tmp_path / "run" / "data" / f"{method}.jsonl"
     assert validate_jsonl(data, fmt) == report.stages[-1].train_records == 6

@@ -101,7 +101,15 @@ _METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {},
     # The preference loss plus the chosen replies' likelihood (RPO): DPO alone also lowers
     # the chosen reply's probability, and a 135M model then forgets what SFT taught it.
-    "dpo": {"learning_rate": 1e-4, "beta": 0.1, "config": {"loss_type": ["sigmoid", "sft"]}},
+    # Two half-batches per step: the same gradient as batches of 16 pairs, and the DPO
+    # worker's peak 2.6 GB instead of 3.7 (32 sequences' 49k-token logits at once).
+    "dpo": {
+        "learning_rate": 1e-4,
+        "beta": 0.1,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "config": {"loss_type": ["sigmoid", "sft"]},
+    },
     "grpo": {"learning_rate": 1e-4, "beta": 0.04},  # a KL term: the tuned model stays near where it started
 }
 _SETTINGS = SETTINGS_FILE

@@ -108,7 +108,7 @@ def paired_rows(reports: list[WeightsReport]) -> list[str]:
                 before = [x for r in chosen for x in r.stage(baseline).scores]  # type: ignore[union-attr]
                 ends = {"last stage": [r.stages[-1] for r in chosen]}
                 if method.startswith("sft,"):
-                    ends["kept model"] = [[s for s in r.stages if s.kept is not False][-1] for r in chosen]
+                    ends["kept model"] = [r.stage(r.ended) for r in chosen]  # type: ignore[misc]
                 for what, stages in ends.items():
                     after = [x for s in stages for x in s.scores]
                     if not chosen or len(before) != len(after):

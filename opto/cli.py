@@ -179,9 +179,8 @@ def _prompts_then_weights(args: argparse.Namespace) -> int:
         )
     if report.chain_change is not None and report.chain_change_interval is not None:
         low, high = report.chain_change_interval
-        ended = [s for s in report.stages if s.kept is not False][-1].stage
         print(
-            f"{ended} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
+            f"{report.ended} vs prompt: {100 * report.chain_change:+.1f} points, paired 95% interval "
             f"[{100 * low:+.1f}, {100 * high:+.1f}]"
         )
     print(f"time: {report.seconds:.1f} s   see it with: opto report {run_dir}")

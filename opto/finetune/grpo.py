@@ -24,7 +24,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ScoredReply", "batch_logprobs", "completions_of", "grpo_loss"]
+__all__ = ["LORA_BASE", "ScoredReply", "batch_logprobs", "completions_of", "grpo_loss"]
+
+#: `grpo_loss(reference=LORA_BASE)`: the LoRA model itself with its adapters off (no second copy).
+LORA_BASE = "the LoRA model's base"
 
 
 @dataclass
@@ -106,7 +109,7 @@ def grpo_loss(
     model: Any, tokenizer: Any, completions: list[ScoredReply], *, beta: float = 0.0, reference: Any = None
 ) -> Any:
     """The mean GRPO loss over `completions` (see the module); `reference` scores the KL
-    term: a model, or for a LoRA model (peft) "adapters off", its own base."""
+    term: a model, or `LORA_BASE` for a LoRA model (peft) measured against its own base."""
     import torch
 
     total = torch.zeros(())
@@ -115,7 +118,7 @@ def grpo_loss(
     policy = batch_logprobs(model, tokenizer, completions)
     if beta > 0 and reference is not None:
         with torch.no_grad():
-            if reference == "adapters off":
+            if reference is LORA_BASE:
                 with model.disable_adapter():
                     anchored = batch_logprobs(model, tokenizer, completions)
             else:

@@ -137,7 +137,7 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .grpo import completions_of, grpo_loss
+    from .grpo import LORA_BASE, completions_of, grpo_loss
 
     settings = job["settings"]
     torch.manual_seed(int(settings.get("seed", 0)))
@@ -153,7 +153,7 @@ def train_grpo(files: JobFiles, job: dict[str, Any]) -> Path | None:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(**job["lora"]))  # a wrapped model
-        reference = "adapters off" if beta > 0 else None  # its base is the reference: no second copy
+        reference = LORA_BASE if beta > 0 else None  # its base is the reference: no second copy
     elif beta > 0:
         reference = copy.deepcopy(model).eval()
     completions, dropped = completions_of(read_jsonl(job["dataset"]))

@@ -6,9 +6,8 @@ run, evaluated and trained on again by opto. Calls that arrive together with the
 settings are answered by one `generate` over a left-padded batch (`max_batch_size`,
 after waiting `batch_wait` seconds for company, and for as long as the worker is busy
 with the batch before), which is what makes an evaluation at concurrency 16 several times
-faster than one call at a time on a CPU. A prefix every
-prompt of a batch shares (the system prompt and the demos) is run once per batch, not
-once per row.
+faster than one call at a time on a CPU. A prefix every prompt of a batch shares (the
+system prompt and the demos) is run once per batch, not once per row.
 """
 
 from __future__ import annotations

@@ -163,6 +163,9 @@ class WeightsReport(BaseModel):
     chain_change: float | None = None
     chain_change_interval: tuple[float, float] | None = None
     kept: str | None = Field(None, description="the weights stage whose model the chain ended with (None: the base)")
+    ended: str | None = Field(
+        None, description="the stage the chain ended with: its last, unless that is a weights stage it did not keep"
+    )
     seconds: float = 0.0
 
     def stage(self, name: str) -> StageResult | None:
@@ -340,14 +343,14 @@ class _Chain:
         candidate = FewShotAgent(self.model)
         switch_model(candidate, status)
         candidate.apply({**prompted, "demos": []})  # distilled: asked zero-shot
-        current = self._kept_agent() if before != "prompt" else FewShotAgent(self.model)
+        current = self._kept_agent()  # the base model while no weights stage is kept
         current.apply(prompted if before == "prompt" else {**prompted, "demos": []})
         change = paired_change(await self._validate(before, current), await self._validate(method, candidate))
         worse = change is not None and change.interval.high < 0
         kept = self.settings["keep"] == "last" or not worse
         switches = recorded_switches(self.folder)
         if kept and not (switches and switches[-1].job_id == status.job_id):
-            switch_model(FewShotAgent(self.model), status, run_dir=self.folder)
+            switch_model(candidate, status, run_dir=self.folder)  # recorded: resumed runs and later stages use it
         if not kept and change is not None:
             logger.warning(
                 "%s is worse than %s on the validation examples (%+.1f points, paired 95%% interval "
@@ -404,14 +407,15 @@ class _Chain:
             golds = {str(e.id): _gold(e) for e in examples} if s["gold"] else {}
             made = {i: _on_policy_records(method, replies, golds.get(i)) for i, replies in answers.items()}
         else:
-            answers = await self._collect(agent, examples, self.folder / "collect")
+            folder = self.folder / "collect"
+            answers = await self._collect(agent, examples, folder)
             own = await self._own_replies(agent, examples, method) if method == "dpo" else {}
             made = {i: _records(method, replies, own.get(i)) for i, replies in answers.items()}
         questions = {str(e.id): e.x for e in examples}
         rows = [_with_prompt(row, agent.messages(questions[i], demos=False)) for i in made for row in made[i]]
         if not rows:
             raise FineTuneError(
-                f"no usable {method} data on {len(examples)} training examples (see {self.folder / 'collect'}); "
+                f"no usable {method} data on {len(examples)} training examples (see {folder}); "
                 "collect more examples or samples"
             )
         atomic_write_jsonl(out, rows)
@@ -628,11 +632,10 @@ def _report(settings: dict[str, Any], run: Path, stages: list[StageResult], seco
         stages=stages,
         seconds=round(seconds, 1),
     )
-    weights = [s for s in stages if s.kept is not None]
-    report.kept = next((s.stage for s in reversed(weights) if s.kept), None)
-    # What the chain ends with: its last stage, unless that is a weights stage it did not keep.
-    ended = [s for s in stages if s.kept is not False]
-    prompt, last = report.stage("prompt"), ended[-1]
+    report.kept = next((s.stage for s in reversed(stages) if s.kept), None)
+    last = [s for s in stages if s.kept is not False][-1]
+    report.ended = last.stage
+    prompt = report.stage("prompt")
     change = paired_change(prompt.scores, last.scores) if prompt is not None and last is not prompt else None
     if change is not None:
         report.chain_change = change.difference

@@ -7,6 +7,13 @@ up to `max_batch_size=16`), in the same run, with the default settings (a call w
 5 ms for company, at concurrency 1 too). Reported: wall time, the speed-up, the
 `generate` calls, and the accuracy (the same answers either way: greedy decoding).
 
+Then calls that arrive one by one, as in a collection: `opto.collect` of 32 examples, 4
+samples each at temperature 0.7 (sample k under seed k, so four batches fill at once),
+concurrency 16, the agent asked zero-shot. Once with batches sealed when their 5 ms wait
+ends (the behaviour before issue 39, patched back in for the run) and once as now (a
+batch whose wait ends while the worker is busy goes on filling). Reported: wall time,
+`generate` calls and rollouts per generate.
+
     pip install -e ".[local,trl]"
     python bench/transformers_model.py
 """
@@ -18,12 +25,15 @@ import asyncio
 import os
 import platform
 import sys
+import tempfile
 import time
 from typing import Any
 
+from opto import ExactMatchGuide, collect
 from opto.datasets import bigbench
 from opto.llm import TransformersModel
 from opto.llm.transformers_model import embedded_model_folder
+from opto.recipes.demo import FewShotAgent
 
 
 def prompt(demos: list[Any], x: str) -> list[dict[str, str]]:
@@ -73,6 +83,22 @@ def main() -> None:
         print(f"| {concurrency} | {seconds:.1f} s | {rows[0][1] / seconds:.1f}x | {calls} | {accuracy:.1%} |")
     same = rows[0][4] == rows[1][4]
     print(f"\nthe same answers at both concurrencies: {same}")
+    print("\n| collect, 32 x 4 samples | wall time | generate calls | rollouts per generate |")
+    print("|---|---:|---:|---:|")
+    examples = bigbench("plural", split="train", n=32, seed=0)
+    for name, sealed in (("sealed when the wait ends (before)", True), ("filling while the worker is busy (now)", False)):
+        model = TransformersModel(folder, max_batch_size=16)
+        if sealed:
+            model._on_timer = model._flush  # type: ignore[method-assign]
+        model.load()
+        asyncio.run(answer_all(model, demos, test[:1], 1))
+        model.generate_calls = 0
+        with tempfile.TemporaryDirectory() as run_dir:
+            started = time.perf_counter()
+            collect(FewShotAgent(model), ExactMatchGuide(), examples, samples=4, temperature=0.7, run_dir=run_dir,
+                    concurrency=16, progress=False)
+            seconds = time.perf_counter() - started
+        print(f"| {name} | {seconds:.1f} s | {model.generate_calls} | {4 * len(examples) / model.generate_calls:.1f} |")
 
 
 if __name__ == "__main__":

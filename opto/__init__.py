@@ -27,6 +27,7 @@ from .run.ledger import RunDir
 from .run.results import EvalResult, TrainResult
 from .trainer.aggregated import AggregatedUpdate
 from .trainer.collection import CollectResult, acollect, collect
+from .trainer.estimate import Estimate, RoleEstimate, RunNotConfirmed
 from .trainer.evaluation import aevaluate, evaluate
 from .trainer.failures import TooManyFailures
 from .trainer.minibatch import Minibatch
@@ -110,6 +111,8 @@ __all__ = [
     "assign",
     # Training
     "AggregatedUpdate",
+    "Estimate",
+    "RoleEstimate",
     "AsyncioExecutor",
     "Callback",
     "CollectResult",
@@ -201,6 +204,7 @@ __all__ = [
     "RunDirError",
     "RunDirWriteError",
     "ServerError",
+    "RunNotConfirmed",
     "TooManyFailures",
     "UnsupportedRequestError",
     "UsageError",

@@ -48,6 +48,7 @@ def _demo(args: argparse.Namespace) -> int:
             selection=args.selection,
             progress=not (args.no_progress or args.json),
             resume=args.resume,
+            confirm=False if args.yes or model.local else _ask_on_stderr,
         )
     except KeyboardInterrupt:
         print(f"interrupted; the run is saved: opto demo --run-dir {run_dir} --resume continues it", file=sys.stderr)
@@ -92,6 +93,17 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"stopped early: {report.stopped_reason}")
         return 1
     return 0
+
+
+def _ask_on_stderr(estimate: Any) -> bool:
+    """The cost estimate and the question on stderr (stdout may carry --json)."""
+    from .errors import UsageError
+
+    print(estimate, file=sys.stderr)
+    if not sys.stdin.isatty():
+        raise UsageError("the run makes paid calls and stdin is not a terminal to ask on: pass --yes to start it")
+    print("Start the run? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _demo_run_dir(args: argparse.Namespace) -> str:
@@ -688,6 +700,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --finetune: validation examples each tuned model is checked on (default 64)",
     )
     demo.add_argument("--resume", action="store_true", help="continue the interrupted run in --run-dir")
+    demo.add_argument(
+        "--yes",
+        action="store_true",
+        help="with a remote --model: start without showing the cost estimate and asking first",
+    )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(handler=_demo)
     gather = commands.add_parser(

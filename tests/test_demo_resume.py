@@ -126,7 +126,7 @@ def test_the_demo_against_an_unreachable_server_stops_soon_and_names_the_url(tmp
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "opto.cli", "demo", "--model", "gpt-4o-mini", "--base-url", url, "--train", "4",
-         "--validation", "4", "--test", "4", "--no-progress", "--run-dir", str(tmp_path / "run")],
+         "--validation", "4", "--test", "4", "--no-progress", "--yes", "--run-dir", str(tmp_path / "run")],
         env={**os.environ, "OPENAI_API_KEY": "test-key"}, capture_output=True, text=True, timeout=120,
     )
     seconds = time.monotonic() - started

@@ -1,6 +1,7 @@
 """The examples and the `opto` command, run for real against offline models."""
 
 import asyncio
+import io
 import json
 import re
 import os
@@ -39,13 +40,21 @@ def _fake_llm(request):
 _PLURALS = {e.x.rsplit(" ", 1)[-1]: e.info[0] for e in bigbench("plural", split="all")}
 
 
-def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, capsys):
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))  # the answer to "Start the run?"
     with FakeOpenAIServer(reply=_fake_llm) as server:
         code = main(["demo", "--model", "fake", "--base-url", server.base_url, "--train", "4", "--validation", "4",
                      "--test", "6", "--run-dir", str(tmp_path / "run"), "--no-progress"])
         requests = len(server.chat_requests)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
+    assert "Estimated cost of 1 steps" in err and "Start the run? [y/N]" in err
+    assert (tmp_path / "run" / "estimate.json").exists()
     assert re.search(r"test accuracy \(6 held-out examples\): before 0\.0% \[0\.0, \d+\.\d\]  "
                      r"after 100\.0% \[\d+\.\d, 100\.0\]", out), out
     assert re.search(r"change: \+100\.0 points, 95% interval \[\+100\.0, \+100\.0\]", out), out
@@ -61,7 +70,7 @@ def test_demo_command_runs_end_to_end_on_an_openai_compatible_server(tmp_path, c
 def test_demo_json_report(tmp_path, capsys):
     with FakeOpenAIServer(reply=_fake_llm) as server:
         code = main(["demo", "--model", "fake", "--base-url", server.base_url, "--train", "4", "--validation", "4",
-                     "--test", "6", "--run-dir", str(tmp_path / "run"), "--json", "--selection", "pareto"])
+                     "--test", "6", "--run-dir", str(tmp_path / "run"), "--json", "--selection", "pareto", "--yes"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["test_before"] == 0.0 and report["test_after"] == 1.0
@@ -76,10 +85,20 @@ def test_command_errors_are_one_clear_line(tmp_path, capsys):
     (tmp_path / "run" / "checkpoint.json").write_text("{not json")
     with FakeOpenAIServer(reply="x") as server:
         code = main(["demo", "--model", "fake", "--base-url", server.base_url, "--run-dir", str(tmp_path / "run"),
-                     "--no-progress"])
+                     "--no-progress", "--yes"])
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("opto demo: error:") and "checkpoint" in err
+
+
+def test_demo_on_a_paid_model_without_a_terminal_asks_for_yes_and_sends_nothing_more(tmp_path, capsys):
+    with FakeOpenAIServer(reply=_fake_llm) as server:
+        code = main(["demo", "--model", "fake", "--base-url", server.base_url, "--train", "4", "--validation", "4",
+                     "--test", "6", "--run-dir", str(tmp_path / "run"), "--no-progress"])
+        requests = len(server.chat_requests)
+    err = capsys.readouterr().err
+    assert code == 1 and "pass --yes" in err and "Estimated cost" in err
+    assert requests <= 3  # the estimate's sample: 2 rollouts and one proposal, no training step
 
 
 def _sports_llm(request):

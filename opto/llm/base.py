@@ -49,6 +49,9 @@ class Model(ABC):
             a name not in it gets the maintained price table's (`opto.llm.prices`), if any.
     """
 
+    #: True for a backend that runs on this machine: its calls cost no money (cost estimates).
+    local: bool = False
+
     def __init__(
         self,
         name: str,

@@ -112,6 +112,8 @@ class LocalModel(Model):
     event loop stays free meanwhile.
     """
 
+    local = True
+
     def __init__(
         self,
         model_path: str | Path | None = None,

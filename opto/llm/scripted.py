@@ -31,6 +31,8 @@ class ScriptedModel(Model):
     Every request is recorded in `requests` (the keyword arguments and messages).
     """
 
+    local = True
+
     def __init__(
         self,
         responses: Sequence[ScriptItem] | Callable[[list[Message]], Any],

@@ -76,6 +76,8 @@ class TransformersModel(Model):
     `response_format` is only a request the prompt already makes.
     """
 
+    local = True
+
     def __init__(
         self,
         path: str | Path,

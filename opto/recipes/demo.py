@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from ..run.ledger import RunDir
 from ..search.aggregation import Aggregator
 from ..search.proposers import DemoProposer, Optimizer
 from ..trainer import AggregatedUpdate
+from ..trainer.estimate import Estimate
 
 __all__ = ["DemoReport", "FewShotAgent", "demo_trainer", "first_line", "majority_baseline", "run_demo"]
 
@@ -178,12 +180,14 @@ def run_demo(
     selection: str = "greedy",
     progress: bool = True,
     resume: bool = False,
+    confirm: bool | Callable[[Estimate], bool] = False,
 ) -> DemoReport:
     """Train the few-shot agent's prompt and demos with `model` as agent, optimizer and aggregator.
 
     The task's train split gives the training examples (and so the demos), its
     validation split decides acceptance, its test split is only measured. `resume`
-    continues an interrupted demo in `run_dir` (the same arguments are needed).
+    continues an interrupted demo in `run_dir` (the same arguments are needed);
+    `confirm` is `train()`'s (the cost estimate, asked before the run starts).
     """
     started = time.monotonic()
     agent = FewShotAgent(model)
@@ -201,6 +205,7 @@ def run_demo(
         seed=seed,
         progress=progress,
         resume=resume,
+        confirm=confirm,
     )
     usage = result.usage
     return DemoReport(

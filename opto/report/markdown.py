@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from .._util.files import atomic_write_text, read_jsonl
 from ..errors import MissingFileError
-from ..run.ledger import RunDir
+from ..run.ledger import RunDir, read_json_object
 from ..trainer.diagnosis import best_rejected_win, is_rejected_win, summarize
 from .stages import is_stage_run, stage_report
 
@@ -331,6 +331,29 @@ def _plot(
     return points, labels
 
 
+def _estimate_and_spend(path: Path, checkpoint: dict[str, Any]) -> list[str]:
+    """`train(confirm=...)`'s estimate (estimate.json) beside what the run spent."""
+    found = path / "estimate.json"
+    if not found.exists():
+        return []
+    estimate = read_json_object(found)
+    used = list((checkpoint.get("usage") or {}).values())
+    spent = {
+        "calls": sum(u.get("calls", 0) for u in used),
+        "tokens": sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in used),
+        "cost_usd": sum(u.get("cost_usd", 0.0) for u in used),
+    }
+    usd = estimate.get("usd")
+    return [
+        "| cost | estimated before the run | spent |",
+        "|---|---:|---:|",
+        f"| calls | {estimate['calls']} | {spent['calls']} |",
+        f"| tokens | {estimate['prompt_tokens'] + estimate['completion_tokens']} | {spent['tokens']} |",
+        f"| dollars | {'unknown' if usd is None else f'{usd:.4f}'} | {spent['cost_usd']:.4f} |",
+        "",
+    ]
+
+
 def _markdown(
     path: Path,
     steps: list[dict[str, Any]],
@@ -363,6 +386,7 @@ def _markdown(
         ]
     if diagnosis:
         lines += [f"**Why:** {diagnosis}", ""]
+    lines += _estimate_and_spend(path, checkpoint)
     screened, out, saved = screening
     if screened:
         lines += [

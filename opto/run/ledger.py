@@ -162,6 +162,7 @@ class RunDir:
         self.eval_path = self.path / "eval.jsonl"
         self.agent_path = self.path / "agent.json"
         self.best_path = self.path / "best.json"
+        self.estimate_path = self.path / "estimate.json"  # train(confirm=...)'s estimate, kept by the first start
 
     @property
     def files(self) -> tuple[Path, ...]:

@@ -26,7 +26,7 @@ from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import RolloutExecutor
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded, LLMError
-from ..llm.usage import Budget
+from ..llm.usage import Budget, meter_usage
 from ..run.events import (
     AggregateErrorEvent,
     AppliedEvent,
@@ -59,6 +59,7 @@ from ..search.validation import (
     by_score,
     make_validation,
 )
+from .estimate import PerCall, given_per_call, per_unit
 from .failures import check_failures
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
@@ -525,6 +526,81 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             "aggregation": self.candidate_source.min_calls if per_instance else 0,
             "validation": self.validation.rollouts_per_step(batch_size, candidates),
         }
+
+    async def _measure_units(
+        self, guide: Guide, sample: list[Example], given: dict[str, Any], options: dict[str, Any]
+    ) -> tuple[dict[str, PerCall], list[str], list[Rollout]]:
+        """The agent's rollout, then one proposal (reflective: on the sample together;
+        per instance: on each sample rollout) and one aggregation of those proposals."""
+        units, notes, rollouts = await super()._measure_units(guide, sample, given, options)
+        optimizers = [p for p in self.proposers if isinstance(p, Optimizer)]
+        if not optimizers:
+            return units, notes, rollouts
+        optimizer = optimizers[0]
+        aggregating = self.calls_per_step(len(sample))["aggregation"] > 0
+        optimizer_given = given_per_call(given, "optimizer", optimizer.model)
+        aggregator_given = given_per_call(given, "aggregator", self.aggregator.model)
+        if optimizer_given is not None and (aggregator_given is not None or not aggregating):
+            units["optimizer"] = optimizer_given
+            if aggregator_given is not None:
+                units["aggregator"] = aggregator_given
+            return units, [*notes, "optimizer, aggregator: tokens given"], rollouts
+        if not rollouts:
+            rollouts, _ = await self._sample_rollouts(guide, sample, options)
+        parameters = self.agent.parameters()
+        with meter_usage() as meter:
+            if optimizer in self._batch_proposers() and not all(optimizer.went_right(r) for r in rollouts):
+                proposals, asked = await optimizer.propose_batch(parameters, rollouts), 1
+            else:  # per instance, or a sample without a failure (a reflective call is then not made)
+                found = [await optimizer.propose(parameters, r) for r in rollouts if not r.failed]
+                proposals, asked = [p for f in found for p in f], len(found)
+        units["optimizer"] = optimizer_given or per_unit(meter.by_model, asked, [optimizer.model])
+        notes.append(
+            "optimizer: tokens given"
+            if optimizer_given
+            else f"optimizer: tokens of {asked} proposal call(s) on the sample"
+        )
+        if aggregator_given is not None:
+            units["aggregator"] = aggregator_given
+            notes.append("aggregator: tokens given")
+        elif aggregating:
+            units["aggregator"], note = await self._measure_aggregation(proposals, units["optimizer"], options)
+            notes.append(note)
+        return units, notes, rollouts
+
+    async def _measure_aggregation(
+        self, proposals: list[Proposal], proposal: PerCall, options: dict[str, Any]
+    ) -> tuple[PerCall, str]:
+        """One aggregation of `proposals`, scaled to a full batch's: each further proposal
+        adds about one proposal reply to the aggregator's prompt."""
+        model = self.aggregator.model
+        with meter_usage() as meter:
+            await self.candidate_source.candidates(self.agent.parameters(), proposals, options["stepsize"])
+        measured = per_unit(meter.by_model, 1, [model] if model is not None else [])
+        if not measured.calls:
+            return proposal, "aggregator: not called on the sample's proposals; a proposal call's tokens assumed"
+        extra = max(0, options["batch_size"] * len(self.proposers) - len(proposals)) * proposal.completion_tokens
+        scaled = measured.model_copy(update={"prompt_tokens": measured.prompt_tokens + extra})
+        if scaled.usd is not None and model is not None and model.price is not None:
+            scaled.usd += extra * model.price.input / 1_000_000
+        return scaled, (
+            f"aggregator: one call measured on {len(proposals)} proposals, its prompt grown by a proposal reply "
+            f"for each of the {options['batch_size']} a full batch has"
+        )
+
+    def _validation_assumption(self, steps: int) -> str:
+        counted = f"validation: {self.validation.name}, the rollouts it makes per step at the fewest"
+        if isinstance(self.validation, MinibatchFirst):
+            held = len(self.validation.examples)
+            most = steps * held * self.candidate_source.min_candidates + held
+            counted = (
+                f"validation: each candidate on its batch; one that wins there is also raced on {held} held-out "
+                f"examples, not counted here: at most {most:,} more rollouts over the run"
+            )
+        return (
+            f"{counted}; every step assumed to have failures to propose for (a step whose batch went all right "
+            "makes no proposal and validates nothing)"
+        )
 
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
         users = super().budget_users()

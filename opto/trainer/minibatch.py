@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .._util.async_tools import run_sync
+from .._util.files import atomic_write_json
 from ..core.agent import Agent
 from ..core.data import DataLoader, Example, load_dataset
 from ..core.guides import Guide, check_examples
+from ..core.rollout import Rollout
 from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import AsyncioExecutor, RolloutExecutor
 from ..llm.base import Model
@@ -30,6 +33,7 @@ from ..run.ledger import Checkpoint, RunDir, RunDirWriter
 from ..run.results import EvalResult, TrainResult
 from ..search.stopping import RunProgress, StopCondition
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
+from .estimate import Estimate, PerCall, ask_to_confirm, combine, evaluations, given_per_call, per_unit, steps_of
 from .evaluation import aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
 from .options import check_flag, check_int, check_number
@@ -164,6 +168,125 @@ class Minibatch:
                     "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)"
                 )
 
+    def estimate(
+        self,
+        guide: Guide,
+        train_dataset: Any,
+        *,
+        sample: int = 2,
+        tokens: Mapping[str, tuple[int, int]] | None = None,
+        **train_options: Any,
+    ) -> Estimate:
+        """`aestimate` from synchronous code."""
+        return run_sync(self.aestimate(guide, train_dataset, sample=sample, tokens=tokens, **train_options))
+
+    async def aestimate(
+        self,
+        guide: Guide,
+        train_dataset: Any,
+        *,
+        sample: int = 2,
+        tokens: Mapping[str, tuple[int, int]] | None = None,
+        **train_options: Any,
+    ) -> Estimate:
+        """What `train(guide, train_dataset, **train_options)` is expected to spend:
+        calls, tokens and dollars, in total and by role (agent, optimizer, aggregator,
+        validation, test), with its assumptions and the budgets it would exceed.
+
+        The calls are counted from the settings (steps x each step's calls, the test
+        evaluations); their tokens are measured on `sample` examples of the first batch
+        (the agent and guide on each, then one proposal and one aggregation where the run
+        makes them), unless `tokens` gives them: {"agent": (prompt, completion) tokens per
+        rollout, "optimizer": ... per proposal call, "aggregator": ... per call}. With every
+        role given, no call is made. `Estimate.spent` is what measuring cost.
+        """
+        options = _train_options(self.atrain, train_options)
+        check_int("sample", sample, minimum=1)
+        if not hasattr(guide, "aget_feedback"):
+            raise OptoTypeError(
+                f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
+            )
+        batch_size, num_epochs = options["batch_size"], options["num_epochs"]
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("num_epochs", num_epochs, minimum=0)
+        train = self._prepare(guide, train_dataset, stepsize=options["stepsize"], batch_size=batch_size,
+                              seed=options["seed"], min_score=options["min_score"])  # fmt: skip
+        loader = DataLoader(train, batch_size=batch_size, shuffle=options["shuffle"], seed=options["seed"])
+        test = load_dataset(options["test_dataset"]) if options["test_dataset"] is not None else []
+        check_examples(guide, loader.dataset, "train_dataset")
+        check_examples(guide, test, "test_dataset")
+        n = len(loader.dataset)
+        steps = steps_of(n, batch_size, num_epochs)
+        counts: dict[str, int] = {}
+        for size in [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else []):
+            for what, calls in self.calls_per_step(size).items():
+                counts[what] = counts.get(what, 0) + num_epochs * calls
+        given = dict(tokens or {})
+        unknown = set(given) - {"agent", "optimizer", "aggregator"}
+        if unknown:
+            raise OptoValueError(
+                f"tokens has no role {sorted(unknown)}: give (prompt, completion) tokens per call for "
+                "'agent' (a rollout), 'optimizer' (a proposal call) or 'aggregator'"
+            )
+        first: list[Example] = []  # the first examples the run will train on
+        for batch in loader:
+            first += batch[: sample - len(first)]
+            if len(first) == sample:
+                break
+        with meter_usage() as meter:
+            units, assumptions, _ = await self._measure_units(guide, first, given, options)
+        evals = evaluations(steps, options["eval_frequency"]) if test else 0
+        agent = units["agent"]
+        by_role = {
+            "agent": agent.times(counts.get("rollouts", 0)),
+            "validation": agent.times(counts.get("validation", 0)),
+            "test": agent.times(evals * len(test)),
+        }
+        for role, what in (("optimizer", "proposals"), ("aggregator", "aggregation")):
+            if counts.get(what) and role in units:
+                by_role[role] = units[role].times(counts[what])
+        assumptions.insert(
+            0,
+            f"{steps} steps: {num_epochs} epochs of {n} training examples in batches of {batch_size}"
+            + (f"; {evals} test evaluations of {len(test)} examples" if test else ""),
+        )
+        assumptions.append(self._validation_assumption(steps))
+        budgets = [("train(budget=...)", options["budget"])] if options["budget"] is not None else []
+        budgets += [(whose, budget) for whose, budget, _ in self.budget_users()]
+        return combine(steps, by_role, assumptions, budgets, meter.total)
+
+    async def _measure_units(
+        self, guide: Guide, sample: list[Example], given: dict[str, Any], options: dict[str, Any]
+    ) -> tuple[dict[str, PerCall], list[str], list[Rollout]]:
+        """Tokens per unit of work by role, the assumptions, and the sample's rollouts (none
+        when the agent's tokens are given): here the agent's rollout (a subclass adds its
+        proposers' and aggregator's calls)."""
+        agent_models = models_in(self.agent)
+        found = given_per_call(given, "agent", agent_models[0] if agent_models else None)
+        if found is not None:
+            return {"agent": found}, ["agent: one model call per rollout, with the tokens given"], []
+        rollouts, units = await self._sample_rollouts(guide, sample, options)
+        note = f"agent: {units.calls:.1f} calls per rollout as measured on {len(rollouts)} training examples"
+        return {"agent": units}, [note], rollouts
+
+    async def _sample_rollouts(
+        self, guide: Guide, sample: list[Example], options: dict[str, Any]
+    ) -> tuple[list[Rollout], PerCall]:
+        """The agent and guide on `sample`, and their calls per rollout."""
+        with meter_usage() as meter:
+            rollouts = await self.executor.run(
+                self.agent, guide, sample, min_score=options["min_score"], timeout=options["rollout_timeout"]
+            )
+        if rollouts and all(r.failed for r in rollouts):
+            raise OptoValueError(
+                f"the agent or guide failed on all {len(rollouts)} examples the estimate ran "
+                f"({rollouts[0].error}): fix that before estimating or training"
+            )
+        return rollouts, per_unit(meter.by_model, len(rollouts), [*models_in(self.agent), *models_in(guide)])
+
+    def _validation_assumption(self, steps: int) -> str:
+        return "validation: none (this trainer validates no candidates)"
+
     def train(
         self,
         guide: Guide,
@@ -187,6 +310,7 @@ class Minibatch:
         callbacks: list[Callback] | None = None,
         stop: StopCondition | None = None,
         budget: Budget | None = None,
+        confirm: bool | Callable[[Estimate], bool] = False,
     ) -> TrainResult:
         """`atrain`, run to the end from synchronous code; it also works inside a running
         event loop (Jupyter). The arguments are `atrain`'s."""
@@ -222,6 +346,7 @@ class Minibatch:
         callbacks: list[Callback] | None = None,
         stop: StopCondition | None = None,
         budget: Budget | None = None,
+        confirm: bool | Callable[[Estimate], bool] = False,
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
@@ -263,6 +388,12 @@ class Minibatch:
                 proposers, aggregator, validation, evaluation, on workers too) on top of each
                 model's own budget. A budget that cannot pay for one step (and the initial
                 evaluation) is refused before the first step, with the figure needed.
+            confirm: before the first call of the run, estimate what it will spend
+                (`estimate()`, which runs the agent on 2 training examples and asks for one
+                proposal), print it and ask on the terminal (True), or ask a function of the
+                `Estimate` (returning True to go on). A no raises `RunNotConfirmed` and sends
+                nothing more. With `run_dir`, the estimate is kept as estimate.json, beside
+                what the run spent (`opto report`).
 
         Returns:
             A `TrainResult`: scores, decisions, final values, usage and `stopped_reason`.
@@ -285,6 +416,13 @@ class Minibatch:
             check_flag(name, flag)
         validate_max_failures(max_failures)
         check_number("rollout_timeout", rollout_timeout, low=0.0, open_low=True, none_ok=True)
+        estimate = None
+        if confirm is not False:
+            options = {"batch_size": batch_size, "num_epochs": num_epochs, "test_dataset": test_dataset,
+                       "eval_frequency": eval_frequency, "stepsize": stepsize, "seed": seed, "shuffle": shuffle,
+                       "min_score": min_score, "rollout_timeout": rollout_timeout, "budget": budget}  # fmt: skip
+            estimate = await self.aestimate(guide, train_dataset, **options)
+            ask_to_confirm(estimate, confirm)
         started = time.monotonic()
         train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,
                                       min_score=min_score)  # fmt: skip
@@ -311,6 +449,8 @@ class Minibatch:
         if run is not None:  # resume checked that the ledger holds the records the checkpoint counts
             written = state.ledger_records if state.ledger_records is not None else len(run.ledger())
             writer = RunDirWriter(run, written=written)
+            if estimate is not None and not run.estimate_path.exists():
+                atomic_write_json(run.estimate_path, estimate.model_dump(mode="json"))
         if not state.initial_parameters:
             state.initial_parameters = self.agent.stored_values()
             state.parameters = dict(state.initial_parameters)
@@ -580,6 +720,19 @@ class Minibatch:
                 best=state.best_rejected_win,
             ),
         )
+
+
+def _train_options(atrain: Callable[..., Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """`atrain`'s keyword defaults with `given` over them; an unknown name is refused."""
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(atrain).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise OptoValueError(f"train() has no option {', '.join(unknown)}; its options: {', '.join(sorted(defaults))}")
+    return {**defaults, **given}
 
 
 def models_in(root: Any, depth: int = 6) -> list[Model]:

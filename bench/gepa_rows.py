@@ -30,31 +30,38 @@ class _Quiet:
         pass
 
 
+class LandscapeAdapter:
+    """A `GEPAAdapter` over a landscape: each example evaluated is one call (`calls[0]`)."""
+
+    propose_new_texts = None
+
+    def __init__(self, landscape: Landscape, calls: list[int]) -> None:
+        self.landscape, self.calls = landscape, calls
+
+    def evaluate(self, batch: list[dict[str, Any]], candidate: dict[str, str], capture_traces: bool = False) -> Any:
+        from gepa.core.adapter import EvaluationBatch
+
+        self.calls[0] += len(batch)
+        outputs = [self.landscape.answer(candidate, e["x"]) for e in batch]
+        scores = [1.0 if out == e["info"] else 0.0 for out, e in zip(outputs, batch)]
+        return EvaluationBatch(outputs=outputs, scores=scores,
+                               trajectories=list(zip(batch, outputs, scores)) if capture_traces else None)
+
+    def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]):
+        records = [{"Inputs": e["x"], "Generated Outputs": out,
+                    "Feedback": f"score: {score:g}. " + ("Right." if score else f"The answer is {e['info']}.")}
+                   for e, out, score in eval_batch.trajectories]
+        return {name: records for name in components_to_update}
+
+
 def run_gepa(landscape: Landscape, seed: int, budget: int, *, use_merge: bool = False) -> list[tuple[int, float]]:
     """(calls so far, expected score of the candidate GEPA would return) after each iteration."""
     gepa = _import_gepa()
-    from gepa.core.adapter import EvaluationBatch
     from gepa.strategies.instruction_proposal import InstructionProposalSignature
 
     validation = landscape.validation_set()
     calls = [0]
     curve: list[tuple[int, float]] = []
-
-    class Adapter:
-        propose_new_texts = None
-
-        def evaluate(self, batch: list[dict[str, Any]], candidate: dict[str, str], capture_traces: bool = False):
-            calls[0] += len(batch)
-            outputs = [landscape.answer(candidate, e["x"]) for e in batch]
-            scores = [1.0 if out == e["info"] else 0.0 for out, e in zip(outputs, batch)]
-            return EvaluationBatch(outputs=outputs, scores=scores,
-                                   trajectories=list(zip(batch, outputs, scores)) if capture_traces else None)
-
-        def make_reflective_dataset(self, candidate, eval_batch, components_to_update):
-            records = [{"Inputs": e["x"], "Generated Outputs": out,
-                        "Feedback": f"score: {score:g}. " + ("Right." if score else f"The answer is {e['info']}.")}
-                       for e, out, score in eval_batch.trajectories]
-            return {name: records for name in components_to_update}
 
     def reflection_lm(prompt: str) -> str:
         calls[0] += 1
@@ -75,7 +82,7 @@ def run_gepa(landscape: Landscape, seed: int, budget: int, *, use_merge: bool = 
         seed_candidate={name: "" for name in landscape.parts},
         trainset=[dict(e) for e in landscape.train_set()],
         valset=[dict(e) for e in validation],
-        adapter=Adapter(),
+        adapter=LandscapeAdapter(landscape, calls),
         reflection_lm=reflection_lm,
         reflection_prompt_template={name: f"You are changing the parameter {name}.\n{template}"
                                     for name in landscape.parts},

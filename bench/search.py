@@ -10,16 +10,19 @@ good rules 35% of the time, 40% of fixes break another.
 
 Every opto call goes through opto's real trainer and prompts (`ScriptedModel` functions
 read them); GEPA (`gepa.optimize`, its defaults) runs the same examples, agent and
-optimizer behind a `GEPAAdapter` and its `reflection_lm`. Calls are counted the same way:
+optimizer behind a `GEPAAdapter` and its `reflection_lm`; the bridge row runs that same
+adapter through `opto.integrations.gepa.optimize` with opto's defaults (the same settings
+as the "default" row). Calls are counted the same way:
 one per example evaluated (agent runs), one per optimizer, reflection or aggregator call.
 The values a run would end with are scored by their expected accuracy on the validation
 set, which costs no call. Reported per strategy over the seeds: the calls until those
 values reach 90% of the attainable score and keep it (never below it again within the
 budget), how many runs got there, and the score at the budget.
 
-    pip install gepa==0.1.4                 # the GEPA rows; never a dependency of opto
+    pip install gepa==0.1.4                 # the GEPA and bridge rows (opto's gepa extra)
     python bench/search.py                  # both landscapes, 20 seeds, 3000 calls
     python bench/search.py --landscapes two-part --seeds 5 --only default gepa
+    python bench/search.py --only default bridge   # opto's default, natively and through the bridge
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gepa_rows import run_gepa  # noqa: E402
+from gepa_rows import LandscapeAdapter, run_gepa  # noqa: E402
 from landscapes import ITEM, LANDSCAPES, Landscape, failures_in, prompt_of, rules_of  # noqa: E402
 
 from opto import Agent, AggregatedUpdate, Callback, ExactMatchGuide, MaxCalls, MinibatchFirst, Optimizer  # noqa: E402
 from opto.search.validation import DatasetValidation  # noqa: E402
-from opto import Parameter, ScriptedModel  # noqa: E402
+from opto import Parameter, ScriptedModel, StopCondition  # noqa: E402
+from opto.integrations.gepa import optimize  # noqa: E402
 
 Curve = list[tuple[int, float]]
 
@@ -189,6 +193,43 @@ def run_opto(landscape: Landscape, strategy: str, seed: int, budget: int, batch_
     return curve
 
 
+class CallsSpent(StopCondition):
+    """Stops once `spent()` calls (the adapter's evaluations and the model calls) reach `budget`."""
+
+    def __init__(self, spent: Callable[[], int], budget: int) -> None:
+        self.spent, self.budget = spent, budget
+
+    def check(self, progress: Any) -> str | None:
+        return f"{self.spent()} calls" if self.spent() >= self.budget else None
+
+
+def run_bridge(landscape: Landscape, seed: int, budget: int, batch_size: int) -> Curve:
+    """opto's default through `opto.integrations.gepa.optimize`, with the GEPA rows' adapter:
+    one call per example the adapter evaluates, one per optimizer or aggregator call."""
+    evaluated = [0]
+    counters = [Counted(fn) for fn in (optimizer_reply(landscape, seed), aggregator_reply(landscape))]
+    validation = landscape.validation_set()
+    curve: Curve = []
+    spent = lambda: evaluated[0] + sum(c.calls for c in counters)  # noqa: E731
+    trainer: list[Any] = []
+
+    class Watch(Callback):
+        def on_train_start(self, found: Any, config: dict[str, Any]) -> None:
+            trainer.append(found)
+
+        def on_step_end(self, record: Any) -> None:
+            curve.append((spent(), landscape.expected_score(trainer[0].final_values(), validation)))
+
+    optimize(LandscapeAdapter(landscape, evaluated), {name: "" for name in landscape.parts},
+             without_class(landscape.train_set()), model=ScriptedModel(counters[0], name="optimizer"),
+             llm=ScriptedModel(counters[1], name="aggregator"), batch_size=batch_size, num_epochs=100, seed=seed,
+             stop=CallsSpent(spent, budget), callbacks=[Watch()])
+    return curve
+
+
+BRIDGE_ROWS = {"default, through opto.integrations.gepa": run_bridge}
+
+
 def kept_at(curve: Curve, target: float, budget: int) -> int | None:
     """The calls after which the values never fell below `target` again within the budget."""
     within = [(calls, score) for calls, score in curve if calls <= budget]
@@ -210,6 +251,7 @@ def table(landscape: Landscape, names: list[str], seeds: int, budget: int, batch
              "(mean +- sd) |", "|---|---:|---:|---:|"]
     for name in names:
         curves = [run_gepa(landscape, seed, budget, **GEPA_ROWS[name]) if name in GEPA_ROWS
+                  else BRIDGE_ROWS[name](landscape, seed, budget, batch_size) if name in BRIDGE_ROWS
                   else run_opto(landscape, name, seed, budget, batch_size) for seed in range(seeds)]
         kept = [k for k in (kept_at(c, target, budget) for c in curves) if k is not None]
         scores = [score_at(c, budget) for c in curves]
@@ -226,11 +268,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--only", nargs="*", default=None, help="strategy names (GEPA rows: 'gepa')")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="strategy names (GEPA rows: 'gepa'; the bridge row: 'bridge')")
     args = parser.parse_args()
-    names = [*STRATEGIES, *GEPA_ROWS]
+    names = [*STRATEGIES, *BRIDGE_ROWS, *GEPA_ROWS]
     if args.only:
-        names = [n for n in names if n in args.only or (n in GEPA_ROWS and "gepa" in args.only)]
+        names = [n for n in names if n in args.only or (n in GEPA_ROWS and "gepa" in args.only)
+                 or (n in BRIDGE_ROWS and "bridge" in args.only)]
     started = time.time()
     out = []
     for name in args.landscapes:

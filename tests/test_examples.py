@@ -97,3 +97,13 @@ def test_collecting_rl_groups(tmp_path: Path) -> None:
     [run] = (tmp_path / "runs").iterdir()
     groups = [json.loads(line) for line in (run / "groups.jsonl").read_text().splitlines()]
     assert len(groups) == 5
+
+
+def test_gepa_adapters_under_opto(tmp_path: Path) -> None:
+    pytest.importorskip("gepa", reason="the gepa extra")
+    out = run_example("gepa_adapter.py", tmp_path)
+    assert "DefaultAdapter: accuracy before 0.00 after 1.00" in out
+    assert "best_candidate: {'system_prompt': 'Name the capital.'}" in out
+    assert "FactsAdapter: accuracy before 0.00 after 0.67" in out  # the 4 countries it was trained on, of 6
+    assert "changed: facts, style" in out
+    assert (tmp_path / "runs" / "gepa-facts" / "ledger.jsonl").exists()

@@ -31,6 +31,7 @@ LAYERS = [
     "opto.report",
     "opto.testing",
     "opto.recipes",
+    "opto.integrations",
     "opto.cli",
     "opto",  # the package's __init__: it re-exports the public names of every layer
 ]

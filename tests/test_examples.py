@@ -107,3 +107,12 @@ def test_gepa_adapters_under_opto(tmp_path: Path) -> None:
     assert "FactsAdapter: accuracy before 0.00 after 0.67" in out  # the 4 countries it was trained on, of 6
     assert "changed: facts, style" in out
     assert (tmp_path / "runs" / "gepa-facts" / "ledger.jsonl").exists()
+
+
+def test_a_dspy_program_compiled_by_opto(tmp_path: Path) -> None:
+    pytest.importorskip("dspy", reason="the dspy extra")
+    out = run_example("dspy_program.py", tmp_path)
+    assert "held-out accuracy before 0.00 after 1.00" in out
+    assert "answer's instructions: 'Reply with the capital city only" in out
+    assert "saved and loaded: the same answers: True" in out
+    assert "LM calls per rollout in the ledger: [2]" in out  # both predictors' calls, in every rollout

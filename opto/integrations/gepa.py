@@ -165,7 +165,7 @@ def optimize(
     Returns:
         A `GEPAResult`: `best_candidate` (the values the run ended with) and opto's `TrainResult`.
     """
-    trainer_options, train_options = _split(options)
+    trainer_options, train_options = split_options(options, "optimize()")
     instances = [*trainset, *(valset or [])]
     train = [Example({"instance": i, "input": _view(inst)}, id=f"train-{i}") for i, inst in enumerate(trainset)]
     start = len(trainset)
@@ -187,14 +187,14 @@ def optimize(
     )
 
 
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_options(options: dict[str, Any], caller: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """`options` into `AggregatedUpdate`'s keywords and `train()`'s; an unknown one is refused."""
     trainer = set(inspect.signature(AggregatedUpdate.__init__).parameters) - {"self", "agent", "optimizer"}
     train = set(inspect.signature(AggregatedUpdate.train).parameters) - {"self", "guide", "train_dataset"}
     unknown = sorted(set(options) - trainer - train)
     if unknown:
         raise OptoValueError(
-            f"optimize() has no option {', '.join(unknown)}: it takes AggregatedUpdate's ({', '.join(sorted(trainer))}) "
+            f"{caller} has no option {', '.join(unknown)}: it takes AggregatedUpdate's ({', '.join(sorted(trainer))}) "
             f"and train()'s ({', '.join(sorted(train))})"
         )
     return {k: v for k, v in options.items() if k in trainer}, {k: v for k, v in options.items() if k in train}

@@ -23,6 +23,7 @@ from opto import (
     ScriptedModel,
 )
 from opto.llm import OpenAIModel
+from opto.report.html import write_html_report
 from opto.report.markdown import write_report
 from opto.testing import FakeOpenAIServer
 
@@ -176,6 +177,8 @@ def test_a_no_sends_nothing_more_and_a_yes_keeps_the_estimate_in_the_run_dir(ser
     report = Path(write_report(tmp_path / "yes").markdown).read_text()
     spent = result.usage.calls
     assert f"| calls | {kept['calls']} | {spent} |" in report  # the estimate beside what the run spent
+    page = Path(write_html_report(tmp_path / "yes").html).read_text()
+    assert f'<td>calls</td><td class="num">{kept["calls"]}</td><td class="num">{spent}</td>' in page
 
 
 def test_confirm_true_without_a_terminal_refuses_instead_of_waiting(server, monkeypatch):

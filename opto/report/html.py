@@ -21,7 +21,7 @@ from typing import Any
 
 from .._util.files import atomic_write_text, read_jsonl
 from ..run.ledger import RunDir
-from .markdown import ReportSummary, _checkpoint, _num, write_report
+from .markdown import ReportSummary, _checkpoint, _num, estimate_rows, write_report
 from .stages import is_stage_run, kept_text, read_stages
 
 __all__ = ["write_html_report"]
@@ -96,6 +96,7 @@ def _run_body(run: RunDir, summary: ReportSummary) -> str:
         )
         + ".</p>",
         *([f'<p class="why"><strong>Why:</strong> {_e(summary.diagnosis)}</p>'] if summary.diagnosis else []),
+        *_estimate(run, checkpoint),
         "<h2>Learning curve</h2>",
         _image(Path(summary.png), "learning curve: batch, candidate and test scores with 95% intervals", summary),
     ]
@@ -227,6 +228,21 @@ def _stage_body(folder: Path, summary: ReportSummary) -> str:
         "<th>calls</th><th>model</th><th>kept</th></tr>" + "".join(rows) + "</table>"
     )
     return "\n".join(["<h2>Stages</h2>", _image(Path(summary.png), "test accuracy by stage", summary), table])
+
+
+def _estimate(run: RunDir, checkpoint: dict[str, Any]) -> list[str]:
+    """The cost estimated before the run (`train(confirm=...)`) beside what it spent."""
+    rows = estimate_rows(run.path, checkpoint)
+    if not rows:
+        return []
+    cells = "".join(
+        f'<tr><td>{what}</td><td class="num">{estimated}</td><td class="num">{spent}</td></tr>'
+        for what, estimated, spent in rows
+    )
+    return [
+        "<h2>Cost</h2>",
+        f"<table><tr><th>cost</th><th>estimated before the run</th><th>spent</th></tr>{cells}</table>",
+    ]
 
 
 def _image(path: Path | None, alt: str, summary: ReportSummary) -> str:

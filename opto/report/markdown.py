@@ -331,27 +331,29 @@ def _plot(
     return points, labels
 
 
-def _estimate_and_spend(path: Path, checkpoint: dict[str, Any]) -> list[str]:
-    """`train(confirm=...)`'s estimate (estimate.json) beside what the run spent."""
+def estimate_rows(path: Path, checkpoint: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """`train(confirm=...)`'s estimate (estimate.json) beside what the run spent, as
+    (what, estimated, spent) rows; none without an estimate."""
     found = path / "estimate.json"
     if not found.exists():
         return []
     estimate = read_json_object(found)
     used = list((checkpoint.get("usage") or {}).values())
-    spent = {
-        "calls": sum(u.get("calls", 0) for u in used),
-        "tokens": sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in used),
-        "cost_usd": sum(u.get("cost_usd", 0.0) for u in used),
-    }
+    tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in used)
     usd = estimate.get("usd")
     return [
-        "| cost | estimated before the run | spent |",
-        "|---|---:|---:|",
-        f"| calls | {estimate['calls']} | {spent['calls']} |",
-        f"| tokens | {estimate['prompt_tokens'] + estimate['completion_tokens']} | {spent['tokens']} |",
-        f"| dollars | {'unknown' if usd is None else f'{usd:.4f}'} | {spent['cost_usd']:.4f} |",
-        "",
+        ("calls", str(estimate["calls"]), str(sum(u.get("calls", 0) for u in used))),
+        ("tokens", str(estimate["prompt_tokens"] + estimate["completion_tokens"]), str(tokens)),
+        ("dollars", "unknown" if usd is None else f"{usd:.4f}", f"{sum(u.get('cost_usd', 0.0) for u in used):.4f}"),
     ]
+
+
+def _estimate_table(path: Path, checkpoint: dict[str, Any]) -> list[str]:
+    rows = estimate_rows(path, checkpoint)
+    if not rows:
+        return []
+    lines = ["| cost | estimated before the run | spent |", "|---|---:|---:|"]
+    return [*lines, *(f"| {what} | {estimated} | {spent} |" for what, estimated, spent in rows), ""]
 
 
 def _markdown(
@@ -386,7 +388,7 @@ def _markdown(
         ]
     if diagnosis:
         lines += [f"**Why:** {diagnosis}", ""]
-    lines += _estimate_and_spend(path, checkpoint)
+    lines += _estimate_table(path, checkpoint)
     screened, out, saved = screening
     if screened:
         lines += [

@@ -10,8 +10,9 @@ tuned model) to DPO or GRPO on that model's own samples, each checked on 64 vali
 examples against SFT (`keep="unless-worse"`). Every stage is measured on the same 64
 held-out examples. Reported per task and stage: test accuracy (mean over seeds, each
 seed's, and the 95% interval of all seeds' answers pooled), prompt tokens per test call,
-model calls, and minutes; and the last stage against the prompt stage (a chain's also
-against its SFT stage, and the model the chain kept), paired over the same examples.
+model calls, and minutes; and the last stage against the prompt stage (for a chain, which
+ends with the prompt searched again on the model it kept, also its DPO or GRPO stage
+against the prompt stage and against SFT), paired over the same examples.
 
 The runs are resumable: run it again with the same --out and it continues.
 
@@ -53,7 +54,8 @@ def run_method(out: Path, task: str, seed: int, method: str) -> WeightsReport:
     folder = out / f"{task}-s{seed}-{method.replace(',', '-')}"
     if method != "sft" and not folder.exists():
         _start_from_sft_chain(out / f"{task}-s{seed}-sft", folder, method)
-    return prompts_then_weights(run_dir=folder, method=method, again=method == "sft", task=task, seed=seed,
+    again = method == "sft" or method.startswith("sft,")  # a chain ends with the prompt searched again
+    return prompts_then_weights(run_dir=folder, method=method, again=again, task=task, seed=seed,
                                 resume=folder.exists(), progress=False, **SETTINGS)
 
 
@@ -62,7 +64,8 @@ def _start_from_sft_chain(chain: Path, folder: Path, method: str) -> None:
     same answers; a chain after SFT also takes the SFT stage, its job and its switch."""
     folder.mkdir(parents=True)
     settings = json.loads((chain / "pipeline.json").read_text())
-    (folder / "pipeline.json").write_text(json.dumps({**settings, "method": method, "again": False}))
+    again = method.startswith("sft,")
+    (folder / "pipeline.json").write_text(json.dumps({**settings, "method": method, "again": again}))
     lines = [line for line in (chain / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["stage"] in copied_stages(method)]
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
@@ -76,7 +79,7 @@ def _start_from_sft_chain(chain: Path, folder: Path, method: str) -> None:
 def table(reports: list[WeightsReport]) -> list[str]:
     rows = ["| task | stage | test accuracy (mean) | per seed | 95% interval (pooled) | prompt tokens / call | "
             "calls | minutes |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    order = ("zero-shot", "prompt", "sft", "prompt-again", "dpo", "grpo")
+    order = ("zero-shot", "prompt", "sft", "dpo", "grpo", "prompt-again")
     for task in dict.fromkeys(r.task for r in reports):
         for method in dict.fromkeys(r.method for r in reports):
             for stage in order:
@@ -97,28 +100,28 @@ def _row(task: str, stage: str, found: list) -> str:
 
 
 def paired_rows(reports: list[WeightsReport]) -> list[str]:
-    """Each method's last stage against the prompt stage (a chain's also against its SFT
-    stage), paired over every seed's examples; for a chain also the model it ended with
-    (its last stage, or SFT's where the validation check did not keep the last)."""
+    """Each method's last stage against the prompt stage, paired over every seed's
+    examples; for a chain also its weights stage (DPO or GRPO, kept or not) against the
+    prompt stage and against SFT."""
     rows = []
     for task in dict.fromkeys(r.task for r in reports):
         for method in dict.fromkeys(r.method for r in reports):
             chosen = [r for r in reports if r.task == task and r.method == method]
-            for baseline in ("prompt", "sft") if method.startswith("sft,") else ("prompt",):
-                before = [x for r in chosen for x in r.stage(baseline).scores]  # type: ignore[union-attr]
-                ends = {"last stage": [r.stages[-1] for r in chosen]}
-                if method.startswith("sft,"):
-                    ends["kept model"] = [r.stage(r.ended) for r in chosen]  # type: ignore[misc]
-                for what, stages in ends.items():
-                    after = [x for s in stages for x in s.scores]
+            ends = [("last stage", [r.stages[-1] for r in chosen], ("prompt",))]
+            if method.startswith("sft,"):
+                weights = method.split(",")[-1]
+                ends.append(("weights stage", [r.stage(weights) for r in chosen], ("prompt", "sft")))
+            for what, stages, baselines in ends:
+                for baseline in baselines:
+                    before = [x for r in chosen for x in r.stage(baseline).scores]  # type: ignore[union-attr]
+                    after = [x for s in stages for x in s.scores]  # type: ignore[union-attr]
                     if not chosen or len(before) != len(after):
                         continue
                     change = paired_test(before, after)
-                    kept = sum(1 for r in chosen if r.stages[-1].kept)
-                    note = f", kept in {kept} of {len(chosen)} seeds" if chosen[0].stages[-1].kept is not None else ""
-                    rows.append(f"{task}: {what}, {chosen[0].stages[-1].stage} ({method}{note}) vs {baseline} over "
-                                f"{len(before)} paired examples: "
-                                f"{100 * change.difference:+.1f} points, 95% interval "
+                    kept = [s.kept for s in stages]  # type: ignore[union-attr]
+                    note = f", kept in {sum(map(bool, kept))} of {len(kept)} seeds" if kept[0] is not None else ""
+                    rows.append(f"{task}: {what}, {stages[0].stage} ({method}{note}) vs {baseline} over "  # type: ignore[union-attr]
+                                f"{len(before)} paired examples: {100 * change.difference:+.1f} points, 95% interval "
                                 f"[{100 * change.interval.low:+.1f}, {100 * change.interval.high:+.1f}]")
     return rows
 

@@ -54,7 +54,8 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 def run_variant(chain: Path, folder: Path, method: str, change: dict[str, Any]) -> WeightsReport:
     """The chain's later stage trained again in `folder` with `change` over its settings."""
     settings = json.loads((chain / "pipeline.json").read_text())
-    settings = {**settings, "keep": settings.get("keep", "unless-worse"), **change}
+    # The stage alone: no second prompt search after it.
+    settings = {**settings, "keep": settings.get("keep", "unless-worse"), "again": False, **change}
     if not folder.exists():
         _copy_up_to(chain, folder, method, settings)
     options = {k: v for k, v in settings.items() if k != "method"}
@@ -65,7 +66,8 @@ def _copy_up_to(chain: Path, folder: Path, method: str, settings: dict[str, Any]
     """`chain` without its `method` stage: the same prompt stage, SFT model and samples."""
     folder.mkdir(parents=True)
     (folder / "pipeline.json").write_text(json.dumps(settings))
-    lines = [line for line in (chain / "metrics.jsonl").read_text().splitlines() if json.loads(line)["stage"] != method]
+    lines = [line for line in (chain / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["stage"] not in (method, "prompt-again")]
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     for part in ("prompt", "collect", f"collect-{method}"):
         shutil.copytree(chain / part, folder / part)

@@ -45,7 +45,7 @@ def fake_models(body: dict[str, Any]) -> str:
     """The program's LM answers with the capital only when the answering predictor's
     instructions ask for one; the optimizer asks for it."""
     system, last = body["messages"][0]["content"], body["messages"][-1]["content"]
-    if body["model"] == "optimizer":
+    if "improve the parameters" in system:  # opto's optimizer, whichever model name it has
         return json.dumps({"reasoning": "the answers were not capitals",
                            "suggestion": {"answer": "Reply with the capital city only."}})  # fmt: skip
     country = next((c for c in CAPITALS if c in last), "France")
@@ -138,3 +138,15 @@ def test_demos_come_from_successful_runs_with_each_predictors_own_fields(program
     assert set(query_demos[0].keys()) == {"question", "query"}  # the intermediate field, from the run itself
     assert set(answer_demos[0].keys()) == {"question", "query", "answer"}
     assert all(d.answer == CAPITALS[d.question.rsplit(" ", 1)[-1].rstrip("?")] for d in answer_demos)  # successes
+
+
+def test_without_a_model_the_programs_own_lm_proposes(program_module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: LiteLLM's own price map
+    with FakeOpenAIServer(fake_models) as server:
+        dspy.configure(lm=dspy.LM("openai/program-lm", api_base=server.base_url, api_key="test-key", cache=False))
+        compiled = OptoOptimizer(exact, batch_size=3).compile(
+            program_module.CapitalQA(), trainset=examples(list(CAPITALS)[:3]), valset=examples(list(CAPITALS)[3:6])
+        )
+        asked = [r for r in server.chat_requests if "improve the parameters" in r["messages"][0]["content"]]
+    assert asked and {r["model"] for r in asked} == {"program-lm"}  # through LiteLLM, with the LM's api_base
+    assert "capital city" in compiled.answer.signature.instructions

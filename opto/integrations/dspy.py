@@ -64,8 +64,7 @@ class _LMCalls(BaseCallback):
             instance, messages = self._started.pop(call_id, (None, []))
         if exception is not None or instance is None:
             return
-        texts = [o if isinstance(o, str) else str(o.get("text", o)) if isinstance(o, dict) else str(o)
-                 for o in (outputs or [""])]  # fmt: skip
+        texts = [_text(output) for output in (outputs or [""])]
         model = str(getattr(instance, "model", "dspy-lm"))
         usage = _usage(instance, messages, texts)
         price = known_price(model)
@@ -86,6 +85,13 @@ def _usage(lm: Any, messages: list[dict[str, Any]], texts: list[str]) -> TokenUs
                 )
     prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
     return TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+
+
+def _text(output: Any) -> str:
+    """One LM output's text (DSPy gives a string, or a dict with "text" beside tool calls)."""
+    if isinstance(output, dict):
+        return str(output.get("text") or "")
+    return str(output)
 
 
 def _plain(messages: list[Any]) -> list[dict[str, Any]]:
@@ -193,7 +199,8 @@ class OptoOptimizer(Teleprompter):
         options: `AggregatedUpdate`'s keywords and `train()`'s (`run_dir`, `resume`,
             `budget`, `stop`, `batch_size`, `num_epochs`, `validation`, `proposals`, ...).
 
-    After `compile`, `result` is opto's `TrainResult` and `run_dir` the run's folder.
+    `compile`'s `teacher` is not used (opto proposes from the student's own runs). After
+    `compile`, `result` is opto's `TrainResult`; with `run_dir=`, the run's ledger is there.
     """
 
     def __init__(
@@ -229,7 +236,11 @@ class OptoOptimizer(Teleprompter):
             trainer_options["validation"] = _examples(valset, "valset")
         keys = _input_keys(trainset)
         trainer = AggregatedUpdate(agent, proposers, **trainer_options)
-        self.result = trainer.train(MetricGuide(self.metric, keys), train, **{"progress": False, **train_options})
+        try:
+            self.result = trainer.train(MetricGuide(self.metric, keys), train, **{"progress": False, **train_options})
+        finally:
+            if model is not self.model:  # made here from a dspy.LM
+                model.close()
         compiled = agent.program_with(self.result.final_parameters)
         compiled._compiled = True
         return compiled

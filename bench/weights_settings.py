@@ -4,8 +4,9 @@
 This script takes one of those runs (a task and a seed), keeps everything up to the later
 stage (the prompt stage, the SFT model, and the SFT model's own samples in
 `collect-<stage>`), and trains that stage again under each variant: the defaults, then one
-setting changed at a time. Every variant learns from the same samples and is measured on
-the same 64 held-out examples, paired against the defaults. Reported: test accuracy, the
+setting changed at a time. Every variant learns from the same samples (but the one that
+draws more of them) and is measured on the same 64 held-out examples, paired against the
+defaults. Reported: test accuracy, the
 change against the defaults with its paired 95% interval, the validation change against
 SFT (the chain's keep check), and minutes.
 
@@ -40,6 +41,7 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("beta 0.3 (default 0.1)", {"finetune": {"beta": 0.3}}),
         ("learning rate 3e-4 (default 1e-4)", {"finetune": {"learning_rate": 3e-4}}),
         ("1 epoch (default 2)", {"finetune": {"num_train_epochs": 1.0}}),
+        ("8 samples an example (default 4; drawn anew)", {"samples": 8}),
     ],
     "grpo": [
         ("defaults", {}),
@@ -47,6 +49,7 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("no gold (groups of samples only)", {"gold": False}),
         ("learning rate 3e-4 (default 1e-4)", {"finetune": {"learning_rate": 3e-4}}),
         ("1 epoch (default 2)", {"finetune": {"num_train_epochs": 1.0}}),
+        ("8 samples an example (default 4; drawn anew)", {"samples": 8}),
     ],
 }
 
@@ -69,7 +72,8 @@ def _copy_up_to(chain: Path, folder: Path, method: str, settings: dict[str, Any]
     lines = [line for line in (chain / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["stage"] not in (method, "prompt-again")]
     (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    for part in ("prompt", "collect", f"collect-{method}"):
+    same_samples = settings["samples"] == json.loads((chain / "pipeline.json").read_text())["samples"]
+    for part in ("prompt", "collect", *([f"collect-{method}"] if same_samples else [])):  # else drawn anew
         shutil.copytree(chain / part, folder / part)
     (folder / "merged-sft").symlink_to((chain / "merged-sft").resolve())  # 0.5 GB, read only
     (folder / "data").mkdir()

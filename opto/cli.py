@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -26,6 +27,7 @@ __all__ = ["main"]
 
 def _demo(args: argparse.Namespace) -> int:
     from .recipes.demo import run_demo
+    from .trainer.estimate import ask_on_terminal
     from .trainer.failures import TooManyFailures
 
     if args.finetune:
@@ -48,7 +50,10 @@ def _demo(args: argparse.Namespace) -> int:
             selection=args.selection,
             progress=not (args.no_progress or args.json),
             resume=args.resume,
-            confirm=False if args.yes or model.local else _ask_on_stderr,
+            # The estimate on stderr: stdout may carry --json.
+            confirm=False
+            if args.yes or model.local
+            else functools.partial(ask_on_terminal, stream=sys.stderr, to_skip="pass --yes to start it"),
         )
     except KeyboardInterrupt:
         print(f"interrupted; the run is saved: opto demo --run-dir {run_dir} --resume continues it", file=sys.stderr)
@@ -93,17 +98,6 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"stopped early: {report.stopped_reason}")
         return 1
     return 0
-
-
-def _ask_on_stderr(estimate: Any) -> bool:
-    """The cost estimate and the question on stderr (stdout may carry --json)."""
-    from .errors import UsageError
-
-    print(estimate, file=sys.stderr)
-    if not sys.stdin.isatty():
-        raise UsageError("the run makes paid calls and stdin is not a terminal to ask on: pass --yes to start it")
-    print("Start the run? [y/N] ", end="", file=sys.stderr, flush=True)
-    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _demo_run_dir(args: argparse.Namespace) -> str:

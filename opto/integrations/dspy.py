@@ -13,7 +13,6 @@ seen through DSPy's own callbacks (`on_lm_start`/`on_lm_end`), which see every b
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,15 +23,15 @@ from ..core.guides import Feedback, Guide
 from ..core.parameters import Demos, Parameter
 from ..errors import MissingDependencyError, OptoTypeError, OptoValueError
 from ..llm.base import Model
+from ..llm.instrument import count_and_record
 from ..llm.litellm_model import LiteLLMModel
 from ..llm.prices import known_price
-from ..llm.tracing import record_call
 from ..llm.types import Completion, TokenUsage, validate_messages
-from ..llm.usage import charge_meters, cost_of, estimate_tokens
+from ..llm.usage import estimated_usage
 from ..run.results import TrainResult
 from ..search.proposers import DemoProposer, Optimizer
 from ..trainer.aggregated import AggregatedUpdate
-from .gepa import split_options
+from ._options import split_options
 
 try:
     import dspy
@@ -66,10 +65,8 @@ class _LMCalls(BaseCallback):
             return
         texts = [_text(output) for output in (outputs or [""])]
         model = str(getattr(instance, "model", "dspy-lm"))
-        usage = _usage(instance, messages, texts)
-        price = known_price(model)
-        charge_meters(model, usage, cost_of(usage, price))
-        record_call(model, validate_messages(_plain(messages)), Completion(texts=texts, usage=usage, model=model))
+        completion = Completion(texts=texts, usage=_usage(instance, messages, texts), model=model)
+        count_and_record(model, validate_messages(_plain(messages)), completion, known_price(model))
 
 
 def _usage(lm: Any, messages: list[dict[str, Any]], texts: list[str]) -> TokenUsage:
@@ -83,8 +80,7 @@ def _usage(lm: Any, messages: list[dict[str, Any]], texts: list[str]) -> TokenUs
                     prompt_tokens=int(found["prompt_tokens"]),
                     completion_tokens=int(found.get("completion_tokens") or 0),
                 )
-    prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
-    return TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+    return estimated_usage(messages, texts)
 
 
 def _text(output: Any) -> str:
@@ -126,7 +122,7 @@ class ProgramAgent(Agent):
     def program_with(self, values: dict[str, Any] | None = None) -> Any:
         """A copy of the program with `values` (by parameter name; default: the current ones)."""
         values = values if values is not None else self.parameter_values()
-        program = program_copy(self.program)
+        program = self.program.deepcopy()  # its predictors copied, its LMs shared
         for name, predictor in program.named_predictors():
             if name in values:
                 predictor.signature = predictor.signature.with_instructions(str(values[name]))
@@ -244,11 +240,6 @@ class OptoOptimizer(Teleprompter):
         compiled = agent.program_with(self.result.final_parameters)
         compiled._compiled = True
         return compiled
-
-
-def program_copy(program: Any) -> Any:
-    """A copy of `program` whose predictors can change (its LMs are shared, not copied)."""
-    return program.deepcopy() if hasattr(program, "deepcopy") else copy.deepcopy(program)
 
 
 def _optimizer_model(model: Any) -> Model:

@@ -16,7 +16,7 @@ for GEPA's own adapters).
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -34,6 +34,7 @@ from ..llm.base import Model
 from ..run.results import TrainResult
 from ..search.proposers import Optimizer
 from ..trainer.aggregated import AggregatedUpdate
+from ._options import split_options
 
 __all__ = ["AdapterAgent", "AdapterGuide", "AdapterOutcome", "GEPAResult", "optimize"]
 
@@ -89,7 +90,9 @@ class AdapterAgent(Agent):
             name: Parameter(text, name=name, description=described.get(name, f"the component {name!r} of the program"))
             for name, text in seed_candidate.items()
         }
-        self._one_at_a_time = None if parallel else threading.Lock()
+        self._one_at_a_time: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if parallel else threading.Lock()
+        )
 
     def candidate(self) -> dict[str, str]:
         """The current values as a GEPA candidate."""
@@ -100,20 +103,14 @@ class AdapterAgent(Agent):
         return await asyncio.to_thread(self._evaluate, instance, self.candidate())
 
     def _evaluate(self, instance: Any, candidate: dict[str, str]) -> AdapterOutcome:
-        lock = self._one_at_a_time
-        if lock is None:
-            return self._evaluate_now(instance, candidate)
-        with lock:
-            return self._evaluate_now(instance, candidate)
-
-    def _evaluate_now(self, instance: Any, candidate: dict[str, str]) -> AdapterOutcome:
-        batch = self.adapter.evaluate([instance], candidate, True)
-        outputs, scores = list(batch.outputs), list(batch.scores)
-        if len(outputs) != 1 or len(scores) != 1:
-            raise OptoValueError(
-                f"the adapter's evaluate() returned {len(outputs)} outputs and {len(scores)} scores for one instance"
-            )
-        records = self.adapter.make_reflective_dataset(candidate, batch, list(candidate))
+        with self._one_at_a_time:
+            batch = self.adapter.evaluate([instance], candidate, True)
+            outputs, scores = list(batch.outputs), list(batch.scores)
+            if len(outputs) != 1 or len(scores) != 1:
+                raise OptoValueError(
+                    f"the adapter's evaluate() returned {len(outputs)} outputs and {len(scores)} scores for one instance"
+                )
+            records = self.adapter.make_reflective_dataset(candidate, batch, list(candidate))
         return AdapterOutcome(output=_view(outputs[0]), score=float(scores[0]), feedback=_render(records))
 
 
@@ -185,19 +182,6 @@ def optimize(
         run_dir=str(train_options["run_dir"]) if train_options.get("run_dir") is not None else None,
         changed=[name for name in best if best[name] != seed_candidate[name]],
     )
-
-
-def split_options(options: dict[str, Any], caller: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`options` into `AggregatedUpdate`'s keywords and `train()`'s; an unknown one is refused."""
-    trainer = set(inspect.signature(AggregatedUpdate.__init__).parameters) - {"self", "agent", "optimizer"}
-    train = set(inspect.signature(AggregatedUpdate.train).parameters) - {"self", "guide", "train_dataset"}
-    unknown = sorted(set(options) - trainer - train)
-    if unknown:
-        raise OptoValueError(
-            f"{caller} has no option {', '.join(unknown)}: it takes AggregatedUpdate's ({', '.join(sorted(trainer))}) "
-            f"and train()'s ({', '.join(sorted(train))})"
-        )
-    return {k: v for k, v in options.items() if k in trainer}, {k: v for k, v in options.items() if k in train}
 
 
 def _view(value: Any) -> Any:

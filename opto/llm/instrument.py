@@ -34,7 +34,14 @@ from .usage import (
     settle_all,
 )
 
-__all__ = ["Instrumented", "instrument", "instrument_litellm", "uninstrument", "uninstrument_litellm"]
+__all__ = [
+    "Instrumented",
+    "count_and_record",
+    "instrument",
+    "instrument_litellm",
+    "uninstrument",
+    "uninstrument_litellm",
+]
 
 _ATTRIBUTE = "_opto_instrumented"
 
@@ -122,7 +129,6 @@ def _traced(
         model = str(getattr(response, "model", None) or kwargs.get("model", ""))
         usage = _usage_of(response)
         settle_all(*reservation, usage, price_of(model))
-        charge_meters(model, usage, cost_of(usage, price_of(model)))
         choices = getattr(response, "choices", None) or []
         texts = [getattr(c.message, "content", None) or "" for c in choices]
         reasons = [getattr(c, "finish_reason", None) for c in choices]
@@ -137,7 +143,7 @@ def _traced(
         messages = validate_messages(
             [_plain(m) for m in kwargs.get("messages") or []] or [{"role": "user", "content": ""}]
         )
-        record_call(model, messages, completion, tools=kwargs.get("tools"))
+        count_and_record(model, messages, completion, price_of(model), tools=kwargs.get("tools"))
 
     def failed(reservation: tuple[list[Budget], list[tuple[int, float]]], model: str) -> None:
         settle_all(*reservation, None, price_of(model))
@@ -169,6 +175,19 @@ def _traced(
         return finish()
 
     return create
+
+
+def count_and_record(
+    model: str,
+    messages: list[Any],
+    completion: Completion,
+    price: Price | None,
+    tools: list[dict[str, Any]] | None = None,
+) -> None:
+    """A call made outside opto's `Model` (an instrumented client, a DSPy LM): counted in
+    the run's usage and recorded in the current rollout's trace."""
+    charge_meters(model, completion.usage, cost_of(completion.usage, price))
+    record_call(model, messages, completion, tools=tools)
 
 
 def uninstrument(client: Any) -> None:

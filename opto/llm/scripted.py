@@ -9,8 +9,8 @@ from typing import Any, Union
 from ..errors import OptoTypeError
 from .base import Model
 from .errors import LLMError, LLMRequestError
-from .types import Completion, Message, TokenUsage, ToolCall
-from .usage import estimate_tokens
+from .types import Completion, Message, ToolCall
+from .usage import estimated_usage
 
 __all__ = ["ScriptedModel"]
 
@@ -82,8 +82,7 @@ class ScriptedModel(Model):
             texts.append(item)
             calls.append(sample_calls)
             tokens.append(sample_tokens if kwargs.get("logprobs") else [])
-        prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
-        usage = TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+        usage = estimated_usage(messages, texts)
         return Completion(
             texts=texts,
             finish_reason=finish,

@@ -24,6 +24,12 @@ def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4) if text else 0
 
 
+def estimated_usage(messages: list[Any], texts: list[str]) -> TokenUsage:
+    """The usage of a call that reports none: its messages' and replies' tokens, estimated."""
+    prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+    return TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+
+
 class Price(BaseModel):
     """USD per million tokens."""
 

@@ -232,7 +232,7 @@ def _stage_body(folder: Path, summary: ReportSummary) -> str:
 
 def _estimate(run: RunDir, checkpoint: dict[str, Any]) -> list[str]:
     """The cost estimated before the run (`train(confirm=...)`) beside what it spent."""
-    rows = estimate_rows(run.path, checkpoint)
+    rows = estimate_rows(run, checkpoint)
     if not rows:
         return []
     cells = "".join(

@@ -331,13 +331,12 @@ def _plot(
     return points, labels
 
 
-def estimate_rows(path: Path, checkpoint: dict[str, Any]) -> list[tuple[str, str, str]]:
+def estimate_rows(run: RunDir, checkpoint: dict[str, Any]) -> list[tuple[str, str, str]]:
     """`train(confirm=...)`'s estimate (estimate.json) beside what the run spent, as
     (what, estimated, spent) rows; none without an estimate."""
-    found = path / "estimate.json"
-    if not found.exists():
+    if not run.estimate_path.exists():
         return []
-    estimate = read_json_object(found)
+    estimate = read_json_object(run.estimate_path)
     used = list((checkpoint.get("usage") or {}).values())
     tokens = sum(u.get("prompt_tokens", 0) + u.get("completion_tokens", 0) for u in used)
     usd = estimate.get("usd")
@@ -349,7 +348,7 @@ def estimate_rows(path: Path, checkpoint: dict[str, Any]) -> list[tuple[str, str
 
 
 def _estimate_table(path: Path, checkpoint: dict[str, Any]) -> list[str]:
-    rows = estimate_rows(path, checkpoint)
+    rows = estimate_rows(RunDir(path), checkpoint)
     if not rows:
         return []
     lines = ["| cost | estimated before the run | spent |", "|---|---:|---:|"]

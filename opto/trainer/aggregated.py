@@ -533,37 +533,28 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """The agent's rollout, then one proposal (reflective: on the sample together;
         per instance: on each sample rollout) and one aggregation of those proposals."""
         units, notes, rollouts = await super()._measure_units(guide, sample, given, options)
-        optimizers = [p for p in self.proposers if isinstance(p, Optimizer)]
-        if not optimizers:
+        optimizer = next((p for p in self.proposers if isinstance(p, Optimizer)), None)
+        if optimizer is None:
             return units, notes, rollouts
-        optimizer = optimizers[0]
         aggregating = self.calls_per_step(len(sample))["aggregation"] > 0
-        optimizer_given = given_per_call(given, "optimizer", optimizer.model)
-        aggregator_given = given_per_call(given, "aggregator", self.aggregator.model)
-        if optimizer_given is not None and (aggregator_given is not None or not aggregating):
-            units["optimizer"] = optimizer_given
-            if aggregator_given is not None:
-                units["aggregator"] = aggregator_given
-            return units, [*notes, "optimizer, aggregator: tokens given"], rollouts
-        if not rollouts:
-            rollouts, _ = await self._sample_rollouts(guide, sample, options)
-        parameters = self.agent.parameters()
+        for role, model in (("optimizer", optimizer.model), ("aggregator", self.aggregator.model)):
+            found = given_per_call(given, role, model)
+            if found is not None:
+                units[role] = found
+                notes.append(f"{role}: tokens given")
+        if "optimizer" in units and ("aggregator" in units or not aggregating):
+            return units, notes, rollouts
+        rollouts = rollouts or (await self._sample_rollouts(guide, sample, options))[0]
         with meter_usage() as meter:
             if optimizer in self._batch_proposers() and not all(optimizer.went_right(r) for r in rollouts):
-                proposals, asked = await optimizer.propose_batch(parameters, rollouts), 1
+                proposals, asked = await optimizer.propose_batch(self.agent.parameters(), rollouts), 1
             else:  # per instance, or a sample without a failure (a reflective call is then not made)
-                found = [await optimizer.propose(parameters, r) for r in rollouts if not r.failed]
-                proposals, asked = [p for f in found for p in f], len(found)
-        units["optimizer"] = optimizer_given or per_unit(meter.by_model, asked, [optimizer.model])
-        notes.append(
-            "optimizer: tokens given"
-            if optimizer_given
-            else f"optimizer: tokens of {asked} proposal call(s) on the sample"
-        )
-        if aggregator_given is not None:
-            units["aggregator"] = aggregator_given
-            notes.append("aggregator: tokens given")
-        elif aggregating:
+                found_lists = [await optimizer.propose(self.agent.parameters(), r) for r in rollouts if not r.failed]
+                proposals, asked = [p for found in found_lists for p in found], len(found_lists)
+        if "optimizer" not in units:
+            units["optimizer"] = per_unit(meter.by_model, asked, [optimizer.model])
+            notes.append(f"optimizer: tokens of {asked} proposal call(s) on the sample")
+        if aggregating and "aggregator" not in units:
             units["aggregator"], note = await self._measure_aggregation(proposals, units["optimizer"], options)
             notes.append(note)
         return units, notes, rollouts

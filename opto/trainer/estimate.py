@@ -12,8 +12,9 @@ the dollars unknown (None), and the estimate says which.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import BaseModel, Field
 
@@ -21,7 +22,7 @@ from ..errors import OptoError, OptoValueError
 from ..llm.base import Model
 from ..llm.usage import Budget, UsageStats
 
-__all__ = ["Estimate", "RoleEstimate", "RunNotConfirmed", "ask_to_confirm"]
+__all__ = ["Estimate", "RoleEstimate", "RunNotConfirmed", "ask_on_terminal", "ask_to_confirm"]
 
 #: The parts of a run an estimate is broken into.
 ROLES = ("agent", "optimizer", "aggregator", "validation", "test")
@@ -172,20 +173,25 @@ def steps_of(examples: int, batch_size: int, num_epochs: int) -> int:
     return num_epochs * math.ceil(examples / batch_size) if examples else 0
 
 
-def ask_to_confirm(estimate: Estimate, confirm: bool | Callable[[Estimate], bool]) -> None:
-    """Print `estimate` and ask (or ask `confirm`, a function of it); raise `RunNotConfirmed` on a no."""
-    if callable(confirm):
-        agreed = bool(confirm(estimate))
-    else:
-        import sys
+def ask_on_terminal(
+    estimate: Estimate,
+    *,
+    stream: TextIO | None = None,
+    to_skip: str = "pass confirm=<a function of the Estimate that returns True to go on> (or confirm=False)",
+) -> bool:
+    """Print `estimate` on `stream` (stdout) and ask on the terminal; refuse without one."""
+    out = stream or sys.stdout
+    print(estimate, file=out, flush=True)
+    if not sys.stdin.isatty():
+        raise RunNotConfirmed(f"the run asks before it starts, and stdin is not a terminal: {to_skip}")
+    print("Start the run? [y/N] ", end="", file=out, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
-        print(estimate, flush=True)
-        if not sys.stdin.isatty():
-            raise RunNotConfirmed(
-                "train(confirm=True) asks on the terminal, and stdin is not one: pass confirm=<a function of the "
-                "Estimate that returns True to go on> (or confirm=False), or run it in a terminal"
-            )
-        agreed = input("Start the run? [y/N] ").strip().lower() in ("y", "yes")
+
+def ask_to_confirm(estimate: Estimate, confirm: bool | Callable[[Estimate], bool]) -> None:
+    """Ask `confirm` (a function of `estimate`, or True: `ask_on_terminal`); raise
+    `RunNotConfirmed` on a no."""
+    agreed = bool(confirm(estimate)) if callable(confirm) else ask_on_terminal(estimate)
     if not agreed:
         raise RunNotConfirmed(
             f"the run was not started (estimated {estimate.calls:,} calls, "

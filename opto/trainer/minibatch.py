@@ -202,10 +202,7 @@ class Minibatch:
         """
         options = _train_options(self.atrain, train_options)
         check_int("sample", sample, minimum=1)
-        if not hasattr(guide, "aget_feedback"):
-            raise OptoTypeError(
-                f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
-            )
+        _check_guide(guide)
         batch_size, num_epochs = options["batch_size"], options["num_epochs"]
         check_int("batch_size", batch_size, minimum=1)
         check_int("num_epochs", num_epochs, minimum=0)
@@ -401,10 +398,7 @@ class Minibatch:
         A `BudgetExceeded`, Ctrl-C or SIGTERM stops the run cleanly after saving what was
         done; `resume=True` continues it.
         """
-        if not hasattr(guide, "aget_feedback"):
-            raise OptoTypeError(
-                f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
-            )
+        _check_guide(guide)
         check_number("stepsize", stepsize, low=0.0, high=1.0)
         check_int("num_epochs", num_epochs, minimum=0)
         check_int("batch_size", batch_size, minimum=1)
@@ -719,6 +713,13 @@ class Minibatch:
                 rejected_wins=state.rejected_wins,
                 best=state.best_rejected_win,
             ),
+        )
+
+
+def _check_guide(guide: Any) -> None:
+    if not hasattr(guide, "aget_feedback"):
+        raise OptoTypeError(
+            f"guide must be an opto Guide with get_feedback(x, output, info), got {type(guide).__name__}"
         )
 
 

@@ -24,7 +24,7 @@ from .report.tracking import MLflowCallback
 from .run.callbacks import Callback
 from .run.events import LEDGER_VERSION, LedgerEvent, StepRecord
 from .run.ledger import RunDir
-from .run.results import EvalResult, TrainResult
+from .run.results import EvalResult, FinalCheckResult, TrainResult
 from .trainer.aggregated import AggregatedUpdate
 from .trainer.collection import CollectResult, acollect, collect
 from .trainer.estimate import Estimate, RoleEstimate, RunNotConfirmed
@@ -35,6 +35,7 @@ from .trainer.minibatch import Minibatch
 # Search: proposers, the aggregator, candidate selection, validation, stopping, and the
 # registry that turns their names into objects.
 from .search.aggregation import Aggregator, Candidate, construct_update_dict, extract_llm_suggestion
+from .search.final_check import FinalCheck
 from .search.holdout import HoldOut
 from .search.proposers import BatchProposer, DemoProposer, Optimizer, Proposal, Proposer
 from .search.registry import register
@@ -126,6 +127,7 @@ __all__ = [
     "RunDir",
     "StepRecord",
     "TrainResult",
+    "FinalCheckResult",
     "acollect",
     "aevaluate",
     "collect",
@@ -140,6 +142,7 @@ __all__ = [
     "DemoProposer",
     "EpsilonGreedy",
     "Greedy",
+    "FinalCheck",
     "HoldOut",
     "MaxCalls",
     "MaxCost",

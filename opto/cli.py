@@ -84,6 +84,8 @@ def _demo(args: argparse.Namespace) -> int:
     if report.test_before_failed or report.test_after_failed:
         print(f"failed test examples (scored 0): before {report.test_before_failed}  after {report.test_after_failed}")
     print(f"steps: {report.steps}  accepted: {report.accepted}  rejected: {report.rejected}")
+    if report.final_check is not None:
+        print(report.final_check.summary())
     if report.diagnosis:
         print(f"why: {report.diagnosis}")
     print(
@@ -292,6 +294,8 @@ def _report(args: argparse.Namespace) -> int:
     if summary.first_test_score is not None:
         test = f"  test score {summary.first_test_score:.3f} -> {summary.last_test_score:.3f}"
     print(f"steps: {summary.steps}  accepted: {summary.accepted}  rejected: {summary.rejected}{test}")
+    if summary.final_check:
+        print(summary.final_check)
     if summary.diagnosis:
         print(f"why: {summary.diagnosis}")
     return 0

@@ -32,6 +32,7 @@ from ..core.stats import paired_change
 from ..datasets import bigbench
 from ..llm.base import Model
 from ..run.ledger import RunDir
+from ..run.results import FinalCheckResult
 from ..search.aggregation import Aggregator
 from ..search.proposers import DemoProposer, Optimizer
 from ..trainer import AggregatedUpdate
@@ -130,6 +131,8 @@ class DemoReport(BaseModel):
     test_before_failed: int | None = None
     test_after_failed: int | None = None
     diagnosis: str | None = None
+    # How the returned values were checked against the start (`TrainResult.final_check`).
+    final_check: FinalCheckResult | None = None
 
 
 def _test_change(run: RunDir) -> dict[str, Any]:
@@ -234,4 +237,5 @@ def run_demo(
         test_before_failed=result.initial_test_failed,
         test_after_failed=result.final_test_failed,
         diagnosis=result.diagnosis,
+        final_check=result.final_check,
     )

@@ -95,6 +95,11 @@ def _run_body(run: RunDir, summary: ReportSummary) -> str:
             else ""
         )
         + ".</p>",
+        *(
+            [f'<p class="why"><strong>What was returned:</strong> {_e(summary.final_check)}</p>']
+            if summary.final_check
+            else []
+        ),
         *([f'<p class="why"><strong>Why:</strong> {_e(summary.diagnosis)}</p>'] if summary.diagnosis else []),
         *_estimate(run, checkpoint),
         "<h2>Learning curve</h2>",

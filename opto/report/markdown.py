@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from .._util.files import atomic_write_text, read_jsonl
 from ..errors import MissingFileError
 from ..run.ledger import RunDir, read_json_object
+from ..run.results import FinalCheckResult
 from ..trainer.diagnosis import best_rejected_win, is_rejected_win, summarize
 from .stages import is_stage_run, stage_report
 
@@ -58,6 +59,9 @@ class ReportSummary(BaseModel):
     # Why nothing was accepted, or why a candidate that scored above the current values was
     # rejected (`opto.trainer.diagnosis`, from the ledger's decisions); None: nothing to say.
     diagnosis: str | None = None
+    # How the values the run returned were checked against the start, with the gap between
+    # the search's own score and the check's (`FinalCheckResult.summary()`); None: no check.
+    final_check: str | None = None
 
 
 # The quick-start install (`.[local]`) has no matplotlib: the report still gives the
@@ -113,8 +117,11 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     accepted = sum(1 for m in steps if m.get("accepted") is True)
     rejected = sum(1 for m in steps if m.get("accepted") is False)
     diagnosis = _diagnosis(decisions, len(steps), accepted, sum(1 for m in steps if m.get("accepted") is None))
+    checked = FinalCheckResult.model_validate(checkpoint["final_check"]) if checkpoint.get("final_check") else None
+    final_check = checked.summary() if checked is not None else None
     atomic_write_text(
-        markdown, _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened, diagnosis)
+        markdown,
+        _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened, diagnosis, final_check),
     )
     pool = [r for r in ledger if r.get("type") == "pool"]
     lineage = _lineage(target / "lineage.png", pool, decisions) if pool and not skipped else None
@@ -140,6 +147,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         cost_png=str(target / "score_vs_cost.png") if costed else None,
         plot_skipped=skipped,
         diagnosis=diagnosis,
+        final_check=final_check,
     )
 
 
@@ -365,6 +373,7 @@ def _markdown(
     intervals: dict[int, list[float]],
     screening: tuple[int, int, int],
     diagnosis: str | None = None,
+    final_check: str | None = None,
 ) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
@@ -385,6 +394,8 @@ def _markdown(
             f"{sum(failed.values())} in test evaluations.",
             "",
         ]
+    if final_check:
+        lines += [f"**What was returned:** {final_check}", ""]
     if diagnosis:
         lines += [f"**Why:** {diagnosis}", ""]
     lines += _estimate_table(path, checkpoint)

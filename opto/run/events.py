@@ -141,6 +141,8 @@ class DecisionEvent(_Event):
     wins: int | None = None
     losses: int | None = None
     alpha: float | None = None
+    # Examples left out because the candidate or the current values quote them: {id: what}.
+    quoted: dict[str, str] = Field(default_factory=dict)
 
 
 class AppliedEvent(_Event):

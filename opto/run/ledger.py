@@ -112,6 +112,8 @@ class Checkpoint(BaseModel):
     # (a decision record with its step): what `opto.trainer.diagnosis` explains.
     rejected_wins: NonNegativeInt = 0
     best_rejected_win: dict[str, Any] | None = None
+    # The final check's `FinalCheckResult` once it ran (a resumed run does not run it again).
+    final_check: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Checkpoint:

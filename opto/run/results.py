@@ -15,7 +15,7 @@ from ..core.rollout import Rollout, mean_score
 from ..core.stats import Interval, score_interval
 from ..llm.usage import UsageStats
 
-__all__ = ["EvalResult", "TrainResult"]
+__all__ = ["EvalResult", "FinalCheckResult", "TrainResult"]
 
 
 class EvalResult(BaseModel):
@@ -48,6 +48,70 @@ class EvalResult(BaseModel):
         )
 
 
+class FinalCheckResult(BaseModel):
+    """How the values `train()` returned were checked against the starting values
+    (`opto.search.FinalCheck`).
+
+    `kind` is "held-out" (examples reserved before the run, which no decision used),
+    "repeated rollouts" (too little data to reserve any: the agent run again on the
+    training examples, `repeats` times each where it is noisy) or "not run" (the run
+    stopped before it could check: then the start is returned). `p_value` is the one-sided
+    paired test of "the search's final values are no better than the start" at `alpha`,
+    `difference` the mean per-example difference with its 95% `interval`.
+    `returned` says which values `train()` gave back: "final" (shown better), "fallback"
+    (the run's best validated values, shown better at `alpha / 2`, when the final were
+    not) or "start". `search_score` is the final values' score on the examples the search
+    decided on, `gap` that minus `final_score`: how much of the search's measured gain did
+    not hold on the check. `search_parameters` are the values the search ended with,
+    kept whatever was returned.
+    """
+
+    kind: str
+    examples: int = 0
+    example_ids: list[str] = Field(default_factory=list)
+    repeats: int = 1
+    excluded: dict[str, str] = Field(default_factory=dict)
+    noisy: bool | None = None
+    test: str | None = None
+    alpha: float | None = None
+    p_value: float | None = None
+    difference: float | None = None
+    interval: tuple[float, float] | None = None
+    start_score: float | None = None
+    final_score: float | None = None
+    fallback: dict[str, Any] | None = None
+    returned: str = "start"
+    returned_score: float | None = None
+    search_score: float | None = None
+    gap: float | None = None
+    reason: str = ""
+    search_parameters: dict[str, Any] = Field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: what was returned and on what evidence."""
+        if self.kind == "not run":
+            return f"final check not run: {self.reason}"
+        shown = {"final": "the final values", "fallback": "the run's best validated values", "start": "the start"}
+        if self.p_value is None:
+            return f"final check ({self.kind}): {self.reason}"
+        line = f"final check ({self.kind}, {self.examples} examples"
+        line += f" x {self.repeats}" if self.repeats > 1 else ""
+        line += f"): start {_pct(self.start_score)}, final {_pct(self.final_score)}"
+        if self.difference is not None and self.interval is not None:
+            line += (
+                f", difference {self.difference * 100:+.1f} points [{self.interval[0] * 100:+.1f}, "
+                f"{self.interval[1] * 100:+.1f}], p = {self.p_value:.3g}"
+            )
+        line += f"; returned {shown.get(self.returned, self.returned)}"
+        if self.gap is not None:
+            line += f"; the search measured {_pct(self.search_score)} on its own examples (gap {self.gap * 100:+.1f})"
+        return line
+
+
+def _pct(score: float | None) -> str:
+    return "n/a" if score is None else f"{score * 100:.1f}%"
+
+
 class TrainResult(BaseModel):
     """What a `train` call did: scores, decisions, usage and the final values.
 
@@ -57,6 +121,8 @@ class TrainResult(BaseModel):
     `train_failed` counts each step's failed rollouts (the agent or guide raised), and
     `test_failed` each evaluation's, {step: count}: a failed rollout scores `min_score`
     (0.0 by default) in every mean, and these say how many there were.
+    `final_check` says how `final_parameters` were checked against the starting values
+    on examples no decision used (`FinalCheckResult`; None for a trainer without one).
     `diagnosis` says why nothing was accepted, or why a candidate that scored above the
     current values was rejected (what the rule needed and the option that changes it);
     None when there is nothing to explain. `best_rejected_win` is that decision's record.
@@ -80,6 +146,7 @@ class TrainResult(BaseModel):
     rejected_wins: int = 0
     best_rejected_win: dict[str, Any] | None = None
     diagnosis: str | None = None
+    final_check: FinalCheckResult | None = None
 
     @property
     def initial_test_score(self) -> float | None:

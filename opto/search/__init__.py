@@ -14,6 +14,9 @@ module a kind, each a small object behind a protocol of its own.
 - validation: whether a candidate is accepted (`Validation`: `MinibatchValidation`,
   `DatasetValidation`, `MinibatchFirst`; `opto.search.validation`), and the default
   validation split (`HoldOut`; `opto.search.holdout`);
+- what a run returns: the final check against the start (`FinalCheck`;
+  `opto.search.final_check`), and no credit for copying examples (`CopyGuard`;
+  `opto.search.copies`);
 - candidate selection: which values a step starts from (`CandidateSelector`: `Greedy`,
   `Pareto`, `EpsilonGreedy`, `TopK`; `opto.search.selection`), and the pool of validated
   candidates it draws from (`opto.search.pool`); the merge of lineages (`LineageMerge`;
@@ -27,6 +30,8 @@ Every option that takes a name turns it into its object through one registry
 from .batching import PerInstance, ProposalBatching, Reflective
 from .candidates import CandidateSource, EachProposal, MergedAndEach, MergedCandidates
 from .components import AllComponents, ComponentSelector, RoundRobin, focused
+from .copies import CopyGuard
+from .final_check import FinalCheck
 from .holdout import HoldOut
 from .merge import LineageMerge
 from .selection import CandidateSelector, EpsilonGreedy, Greedy, Pareto, TopK
@@ -42,6 +47,8 @@ __all__ = [
     "EachProposal",
     "EpsilonGreedy",
     "Greedy",
+    "CopyGuard",
+    "FinalCheck",
     "HoldOut",
     "LineageMerge",
     "MergedAndEach",

@@ -45,6 +45,8 @@ class RunProgress:
         seconds: time spent in this `train` call.
         best_score: the best validation score so far (what decisions compare), or None.
         best_step: the step that reached it (0: the starting values).
+        reserved_calls: calls the run keeps for after its last step (the final check's
+            first look: the start and the final values once on each of its examples).
     """
 
     step: int
@@ -53,6 +55,7 @@ class RunProgress:
     seconds: float
     best_score: float | None
     best_step: int
+    reserved_calls: int = 0
 
 
 class StopCondition(ABC):
@@ -120,14 +123,18 @@ def _positive(name: str, value: float) -> float:
 
 
 class MaxCalls(StopCondition):
-    """Stops once the run has made `n` paid model calls (a soft limit, checked between
-    steps: a step in progress finishes; for a hard cap use a `Budget`)."""
+    """Stops once the run has made `n` paid model calls, counting those it keeps for the
+    final check (a soft limit, checked between steps: a step in progress finishes; for a
+    hard cap use a `Budget`)."""
 
     def __init__(self, n: int) -> None:
         self.n = int(_positive("MaxCalls", n))
 
     def check(self, progress: RunProgress) -> str | None:
-        return f"MaxCalls({self.n}): {progress.calls} calls made" if progress.calls >= self.n else None
+        if progress.calls + progress.reserved_calls < self.n:
+            return None
+        kept = f" (+{progress.reserved_calls} kept for the final check)" if progress.reserved_calls else ""
+        return f"MaxCalls({self.n}): {progress.calls} calls made{kept}"
 
     def __repr__(self) -> str:
         return f"MaxCalls({self.n})"

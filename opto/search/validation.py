@@ -17,6 +17,7 @@ from ..core.rollout import Rollout, mean_score
 from ..core.stats import holm, paired_test
 from ..errors import OptoValueError
 from ..executors.local import AsyncioExecutor, RolloutExecutor
+from .copies import CopyGuard
 from .registry import make, names
 
 __all__ = [
@@ -60,6 +61,9 @@ class Decision(BaseModel):
     wins: int | None = None
     losses: int | None = None
     alpha: float | None = None
+    # Examples left out of the comparison because the candidate or the current values quote
+    # them ({id: what is quoted}; `opto.search.copies`).
+    quoted: dict[str, str] = Field(default_factory=dict)
     # Before the test: whether the candidate won, and on how many paired examples (for a
     # step's second look at its best candidate, `MinibatchValidation.across_candidates`).
     _won: bool = PrivateAttr(default=False)
@@ -79,6 +83,16 @@ class ValidationContext(BaseModel):
     executor: RolloutExecutor = Field(default_factory=AsyncioExecutor)
     improvement_threshold: float = 0.0
     rollout_timeout: float | None = None
+    guard: CopyGuard | None = None
+
+    def quoted(self, update: dict[Any, Any]) -> dict[str, str]:
+        """The examples the current values or the candidate (the current values with
+        `update`) quote, which neither gets credit for."""
+        if self.guard is None:
+            return {}
+        current = self.agent.stored_values(trainable_only=True)
+        values = {**current, **{getattr(k, "name", k): v for k, v in update.items()}}
+        return {**self.guard.quoted(current), **self.guard.quoted(values)}
 
 
 class Validation:
@@ -96,6 +110,10 @@ class Validation:
     def reset(self) -> None:
         """Forget what was measured in an earlier run (called when a run starts)."""
 
+    def set_noise(self, repeats: int) -> None:
+        """The agent or judge is noisy (two runs of the same values disagreed): measure a
+        candidate that won, and the current values, up to `repeats` times (1: not noisy)."""
+
     def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
         """The step's decisions once all its candidates are judged: with `alpha` and several
         tested candidates, only the acceptances that survive Holm's correction."""
@@ -110,6 +128,7 @@ class Validation:
         current: Sequence[Rollout],
         candidate: Sequence[Rollout],
         threshold: float,
+        quoted: dict[str, str] | None = None,
     ) -> Decision:
         """Accept only a strict improvement over current + threshold (a tie is rejected,
         unless `accept_ties`);
@@ -120,7 +139,12 @@ class Validation:
         A candidate under which more examples fail (the agent or guide raised) is
         rejected whatever its mean: with `min_score=None` failures are left out of
         means, and a candidate must not win by breaking the examples it cannot do.
+
+        The examples in `quoted` (copied into the values compared) count for neither.
         """
+        if quoted:
+            current = [r for r in current if r.example_id not in quoted]
+            candidate = [r for r in candidate if r.example_id not in quoted]
         current_score, candidate_score = mean_score(current), mean_score(candidate)
         current_failed, candidate_failed = sum(r.failed for r in current), sum(r.failed for r in candidate)
         if candidate_failed > current_failed:
@@ -150,6 +174,7 @@ class Validation:
             wins=sum(b > a for a, b in pairs),
             losses=sum(b < a for a, b in pairs),
             alpha=self.alpha,
+            quoted=dict(quoted or {}),
         )
         return self._significance(decision, pairs) if self.alpha is not None and pairs else decision
 
@@ -264,7 +289,7 @@ class MinibatchValidation(Validation):
         rollouts = await ctx.executor.run(
             ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
         )
-        return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold)
+        return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold, ctx.quoted(update))
 
 
 class DatasetValidation(Validation):
@@ -309,29 +334,68 @@ class DatasetValidation(Validation):
         self.race = race
         self.behind = behind
         self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
+        self._measured: dict[str, int] = {}  # measurements pooled in `_current`, per set of values
+        self.repeats = 1
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
         return len(self.examples) * (candidates + 1)  # the current values' too, the first time
 
     def reset(self) -> None:
-        self._current = {}  # another run may have another agent model: nothing measured carries over
+        self._current, self._measured = {}, {}  # another run may have another agent model
+        self.repeats = 1
+
+    def set_noise(self, repeats: int) -> None:
+        self.repeats = repeats
+
+    def _current_rollouts(self, ctx: ValidationContext) -> asyncio.Future[list[Rollout]]:
+        """The current values' rollouts on the set: measured once, and on a noisy agent or
+        judge measured again by later decisions (up to `repeats` times) and pooled."""
+        key = json_key({p.name: p.value for p in ctx.agent.parameters()})
+        cached = self._current.get(key)
+        broken = cached is not None and (cached.cancelled() or (cached.done() and cached.exception() is not None))
+        if cached is None or broken:
+            self._measured[key] = 1
+            cached = self._current[key] = asyncio.ensure_future(self._run(ctx, None))
+        elif self._measured[key] < self.repeats:
+            self._measured[key] += 1
+            cached = self._current[key] = asyncio.ensure_future(self._more(ctx, cached))
+        return cached
+
+    async def _run(self, ctx: ValidationContext, update: dict[Any, Any] | None) -> list[Rollout]:
+        return await ctx.executor.run(
+            ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
+
+    async def _more(self, ctx: ValidationContext, earlier: asyncio.Future[list[Rollout]]) -> list[Rollout]:
+        return [*await asyncio.shield(earlier), *await self._run(ctx, None)]
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        params = ctx.agent.parameters()
-        key = json_key({p.name: p.value for p in params})
-        cached = self._current.get(key)
-        if cached is None or (cached.done() and cached.exception() is not None) or cached.cancelled():
-            cached = self._current[key] = asyncio.ensure_future(
-                ctx.executor.run(
-                    ctx.agent, ctx.guide, self.examples, min_score=ctx.min_score, timeout=ctx.rollout_timeout
-                )
-            )
+        cached = self._current_rollouts(ctx)
         if self.race is None:
-            rollouts = await ctx.executor.run(
-                ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
-            )
-            return self.compare(candidate_id, await asyncio.shield(cached), rollouts, ctx.improvement_threshold)
-        return await self._race(ctx, candidate_id, update, cached)
+            rollouts = await self._run(ctx, update)
+            current = _pooled(await asyncio.shield(cached))
+            decision = self.compare(candidate_id, current, rollouts, ctx.improvement_threshold, ctx.quoted(update))
+        else:
+            decision = await self._race(ctx, candidate_id, update, cached)
+        return await self._confirmed(ctx, decision, update, cached)
+
+    async def _confirmed(
+        self, ctx: ValidationContext, decision: Decision, update: dict[Any, Any], cached: asyncio.Future[list[Rollout]]
+    ) -> Decision:
+        """On a noisy agent or judge, a candidate that won is measured `repeats - 1` more
+        times and judged again on its pooled scores against the current values' pooled
+        scores: one lucky measurement is not evidence."""
+        if self.repeats < 2 or not decision.accepted:
+            return decision
+        rollouts = list(decision.rollouts)
+        for _ in range(self.repeats - 1):
+            rollouts += await self._run(ctx, update)
+        current = _pooled(await asyncio.shield(cached))
+        again = self.compare(
+            decision.candidate_id, current, _pooled(rollouts), ctx.improvement_threshold, ctx.quoted(update)
+        )
+        note = f"measured {self.repeats} times (a noisy agent or judge): {again.reason}"
+        return again.model_copy(update={"rollouts": rollouts, "stage": decision.stage, "reason": note})
 
     async def _race(
         self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any], cached: asyncio.Future[list[Rollout]]
@@ -339,7 +403,8 @@ class DatasetValidation(Validation):
         """Validate chunk by chunk; drop the candidate once it is `behind` examples behind."""
         order = list(self.examples)
         random.Random(json_key({getattr(k, "name", k): v for k, v in update.items()})).shuffle(order)
-        current = {r.example_id: r for r in await asyncio.shield(cached)}
+        quoted = ctx.quoted(update)
+        current = {r.example_id: r for r in _pooled(await asyncio.shield(cached))}
         done: list[Rollout] = []
         race = self.race or len(order)
         for start in range(0, len(order), race):
@@ -351,10 +416,10 @@ class DatasetValidation(Validation):
                 min_score=ctx.min_score,
                 timeout=ctx.rollout_timeout,
             )
-            lost = sum(_sign(current[r.example_id].score, r.score) for r in done)
+            lost = sum(_sign(current[r.example_id].score, r.score) for r in done if r.example_id not in quoted)
             if lost >= self.behind and len(done) < len(order):
                 before = [current[r.example_id] for r in done]
-                decision = self.compare(candidate_id, before, done, ctx.improvement_threshold)
+                decision = self.compare(candidate_id, before, done, ctx.improvement_threshold, quoted)
                 return decision.model_copy(
                     update={
                         "accepted": False,
@@ -363,7 +428,23 @@ class DatasetValidation(Validation):
                         "reason": f"dropped after {len(done)} of {len(order)} examples: {lost} more lost than won",
                     }
                 )
-        return self.compare(candidate_id, list(current.values()), done, ctx.improvement_threshold)
+        return self.compare(candidate_id, list(current.values()), done, ctx.improvement_threshold, quoted)
+
+
+def _pooled(rollouts: Sequence[Rollout]) -> list[Rollout]:
+    """One rollout per example, its score the mean of that example's scored rollouts (the
+    first rollout stands for the rest; an example none of whose rollouts was scored keeps
+    its first as it is)."""
+    by_example: dict[str, list[Rollout]] = {}
+    for rollout in rollouts:
+        by_example.setdefault(rollout.example_id, []).append(rollout)
+    if all(len(found) == 1 for found in by_example.values()):
+        return list(rollouts)
+    pooled = []
+    for found in by_example.values():
+        scores = [r.score for r in found if r.score is not None]
+        pooled.append(found[0].model_copy(update={"score": sum(scores) / len(scores)}) if scores else found[0])
+    return pooled
 
 
 class MinibatchFirst(DatasetValidation):
@@ -386,7 +467,7 @@ class MinibatchFirst(DatasetValidation):
             ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
         )
         first = MinibatchValidation().compare(
-            candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold
+            candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold, ctx.quoted(update)
         )  # the screen: any strict win goes on
         if not first.accepted:
             return first.model_copy(
@@ -461,7 +542,9 @@ def check_alpha(alpha: float | None) -> float | None:
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
     """A registered name ("minibatch", "none"; `opto.search.registry`), a `Validation`, or
-    a dataset (anything `load_dataset` reads, such as a ".jsonl" path)."""
+    a dataset (anything `load_dataset` reads, such as a ".jsonl" path): then
+    `MinibatchFirst(dataset, race=8, accept_ties=True)`, the rule `bench/search.py` and
+    `bench/robustness.py` measured best (the final check guards what the run returns)."""
     if isinstance(spec, Validation):
         return spec
     if isinstance(spec, str) and not spec.endswith(".jsonl"):
@@ -469,4 +552,4 @@ def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
             known = ", ".join(repr(name) for name in names("validation"))
             raise OptoValueError(f"validation must be one of {known}, a dataset or a Validation; got {spec!r}")
         return make("validation", spec)
-    return DatasetValidation(spec)
+    return MinibatchFirst(spec, race=8, accept_ties=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +40,13 @@ from ..run.events import (
     RolloutEvent,
     StepRecord,
 )
+from ..run.results import FinalCheckResult
 from ..search.aggregation import Aggregator, Candidate
 from ..search.batching import ProposalBatching
 from ..search.candidates import CandidateSource
 from ..search.components import ComponentSelector, focused
+from ..search.copies import CopyGuard
+from ..search.final_check import FinalCheck
 from ..search.holdout import HoldOut
 from ..search.merge import LineageMerge, MergePlan
 from ..search.pool import START_ID, CandidatePool, check_objectives
@@ -61,6 +65,7 @@ from ..search.validation import (
 )
 from .estimate import PerCall, given_per_call, per_unit
 from .failures import check_failures
+from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
 from .trace_compat import InstanceOutput, TraceCompatible
@@ -96,6 +101,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             candidate), "none" (always accept), a dataset to validate on, or a `Validation`.
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
+        final_check: how `train()` checks the values it returns against the start
+            (`opto.search.FinalCheck`: a fifth of the training data reserved before the
+            run, at least 12 examples, from 48 examples up; below that the agent run again
+            on the training examples; a one-sided paired test at 0.1). Values not shown
+            better are not returned: the run's best validated values if they are, else
+            the start (`TrainResult.final_check`). None: return the search's values unchecked.
         improvement_threshold: a candidate must beat the current mean by more than this.
         score_proposals: None, or "instance" / "minibatch": also score each proposal's update
             on its own (see `opto.trainer.proposal_scoring`), for preference data.
@@ -140,6 +151,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         executor: RolloutExecutor | None = None,
         validation: str | Validation | Any = "auto",
         holdout: HoldOut | None = None,
+        final_check: FinalCheck | None | str = "auto",
         improvement_threshold: float = 0.0,
         score_proposals: str | None = None,
         selection: str | CandidateSelector = "greedy",
@@ -162,6 +174,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self.candidate_source = make("candidates", candidates, aggregator=self.aggregator)
         self.auto_validation = isinstance(validation, str) and validation == "auto"
         self.holdout = holdout or HoldOut()
+        if isinstance(final_check, str) and final_check == "auto":
+            final_check = FinalCheck()
+        if final_check is not None and not isinstance(final_check, FinalCheck):
+            raise OptoTypeError(f"final_check must be a FinalCheck, 'auto' or None, got {final_check!r}")
+        self.final_check = final_check
+        self._check_examples: list[Example] = []  # reserved for the final check
+        self._train_examples: list[Example] = []  # what the run trains on
+        self._noise: NoiseProbe | None = None
+        self._incumbent_score: float | None = None  # the current values' score on the examples decided on
+        self._guard: CopyGuard | None = None
         # With "auto", the split is made when train() sees the data; until then (e.g. for a
         # Trace-style update()) candidates are accepted on the batch with a paired test.
         self.validation = MinibatchValidation() if self.auto_validation else make_validation(validation)
@@ -193,12 +215,21 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self, guide: Guide, train_dataset: Any, *, stepsize: float, batch_size: int, seed: int, min_score: float | None
     ) -> Any:
         self._seed = seed
+        examples = load_dataset(train_dataset)
+        self.extra_config = {}
+        self._check_examples = []
+        if self.final_check is not None:
+            examples, self._check_examples = self.final_check.reserve(examples, seed)
+            self.extra_config["final_check_ids"] = [e.id for e in self._check_examples]
         if self.auto_validation:
-            train_dataset = self._hold_out(load_dataset(train_dataset), batch_size)
+            examples = self._hold_out(examples, batch_size)
+        self._train_examples = examples
+        self._guard = CopyGuard([*examples, *self.validation_examples(), *self._check_examples])
+        self._noise, self._incumbent_score = None, None
         self.validation.reset()
         self._unread_warned, self._read = set(), set()
         self.remember(guide, stepsize, min_score)
-        return train_dataset
+        return examples
 
     def _hold_out(self, examples: list[Example], batch_size: int) -> list[Example]:
         """`validation="auto"`: split the training data (recorded in the run's config, so a
@@ -210,24 +241,23 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                     f"selection={self.selection!r} needs a validation set, and {len(examples)} training examples "
                     f"are too few to hold one out (at least {2 * self.holdout.min_size}): pass validation=<a dataset>"
                 )
-            self.validation = MinibatchValidation(alpha=SMALL_DATA_ALPHA)
-            self.extra_config = {"validation": "minibatch (too few examples to hold out a split)"}
+            # Too few to spare a split: a candidate that wins on its batch is raced on every
+            # training example (as GEPA validates on its training set); the final check
+            # guards what the run returns.
+            self.validation = MinibatchFirst(examples, race=8, accept_ties=True)
+            self.extra_config["validation"] = "training set (too few examples to hold out a split)"
             logger.info(
                 "validation='auto': %d training examples are too few to hold out a validation split "
-                "(at least %d); the step's best candidate is accepted on the batch with a paired test "
-                "(alpha=%s; batches under 4 examples by a strict win)",
+                "(at least %d); a candidate that wins on its batch is validated on all of them",
                 len(examples),
                 2 * self.holdout.min_size,
-                SMALL_DATA_ALPHA,
             )
             return examples
         train, held = split
         self.validation = MinibatchFirst(held, race=8, accept_ties=True)
-        self.extra_config = {
-            "validation": "held out",
-            "holdout": self.holdout.describe(),
-            "validation_ids": [e.id for e in held],
-        }
+        self.extra_config.update(
+            {"validation": "held out", "holdout": self.holdout.describe(), "validation_ids": [e.id for e in held]}
+        )
         logger.info("validation='auto': %d of %d training examples held out to validate on", len(held), len(examples))
         return train
 
@@ -237,6 +267,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # The step, top to bottom ----------------------------------------------------------
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
+        if self.final_check is not None and self._noise is None:
+            await self._probe_noise(ctx)
         if self.selector.uses_pool and self.pool:
             plan = self.merge.plan(self.pool, self._merges_tried) if self.merge and self.merge.due(ctx.step) else None
             if plan is not None:
@@ -266,6 +298,76 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         record = await self._decide(rollouts, proposals, ctx)
         self._tell_scores(record)
         return record
+
+    async def _probe_noise(self, ctx: StepContext) -> None:
+        """Before the first step: run the starting values twice on a few training examples;
+        any disagreement means a noisy agent or judge, which the final check meets with
+        repeated rollouts."""
+        assert self.final_check is not None
+        size = min(self.final_check.probe, len(self._train_examples))
+        examples = random.Random(f"opto-probe|{self._seed}").sample(self._train_examples, size)
+        self._noise, rollouts = await probe_noise(self._runner(ctx), examples)
+        for rollout in rollouts:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="probe", **rollout.to_record()))
+        self._tell_noise()
+        if self._noise.noisy:
+            logger.info(
+                "the agent or judge is noisy: %d of %d examples scored differently when run twice with the same "
+                "values; candidates that win and the final check are measured %d times",
+                self._noise.disagreed,
+                self._noise.examples,
+                self.final_check.repeats,
+            )
+
+    def _tell_noise(self) -> None:
+        if self._noise is not None and self.final_check is not None:
+            self.validation.set_noise(2 if self._noise.noisy else 1)
+
+    def _runner(self, ctx: StepContext) -> Runner:
+        return Runner(agent=self.agent, guide=ctx.guide, executor=self.executor, min_score=ctx.min_score,
+                      timeout=ctx.rollout_timeout)  # fmt: skip
+
+    async def check_final(
+        self, ctx: StepContext, start: dict[str, Any], final: dict[str, Any], fallback: dict[str, Any] | None
+    ) -> tuple[FinalCheckResult, dict[str, Any]] | None:
+        """The final check (`opto.search.FinalCheck`): on the reserved examples, or on every
+        training and validation example again when none were reserved."""
+        if self.final_check is None:
+            return None
+        if self._check_examples:
+            kind, examples = "held-out", self._check_examples
+        else:
+            kind, examples = "repeated rollouts", [*self._train_examples, *self.validation_examples()]
+        result, values, _ = await check_final_values(
+            self._runner(ctx),
+            self.final_check,
+            examples=examples,
+            kind=kind,
+            start=start,
+            final=final,
+            fallback=fallback,
+            noisy=self._noise.noisy if self._noise is not None else False,
+            guard=self._guard,
+            search_score=self.search_score(),
+        )
+        return result, values
+
+    def has_final_check(self) -> bool:
+        return self.final_check is not None
+
+    def reserved_calls(self) -> int:
+        """The final check's first look: the start and the final values once on each of
+        its examples (one model call per rollout assumed)."""
+        if self.final_check is None:
+            return 0
+        return 2 * len(self._check_examples or [*self._train_examples, *self.validation_examples()])
+
+    def search_score(self) -> float | None:
+        """The final values' score on the examples the search decided on (validation set,
+        or batch): the pool's best mean with pool-based selection."""
+        if self.selector.uses_pool and self.pool:
+            return self.pool.best().mean
+        return self._incumbent_score
 
     def _tell_scores(self, record: StepRecord) -> None:
         """Tell each proposer that learns from scores (`observe`, e.g. `TPEProposer`) the
@@ -418,12 +520,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if self.selector.uses_pool:
             self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
+        whole = [d for d in decisions if d.stage in (None, "dataset") and d.current_score is not None]
+        if whole:
+            self._incumbent_score = whole[0].current_score
         if not accepted:
             best = max(decisions, key=by_score)
             record.accepted, record.candidate_score, record.note = False, best.candidate_score, best.reason
             return record
         decision, winner = max(accepted, key=lambda pair: by_score(pair[0]))
         self.agent.apply(winner.update)
+        self._incumbent_score = decision.candidate_score
         ctx.emit(AppliedEvent(step=ctx.step, candidate_id=winner.candidate_id, update=winner.update))
         record.accepted, record.candidate_score = True, decision.candidate_score
         record.update, record.note = winner.update, decision.reason
@@ -461,6 +567,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             executor=self.executor,
             improvement_threshold=self.improvement_threshold,
             rollout_timeout=ctx.rollout_timeout,
+            guard=self._guard,
         )
         # Candidates are validated at once; their events are added in candidate order.
         decisions = await gather_all(
@@ -606,7 +713,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # Pool-based selection -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"incumbent_score": self._incumbent_score}
+        if self._noise is not None:
+            state["noise"] = self._noise.model_dump()
         learned = {p.name: p.state_dict() for p in self.proposers if hasattr(p, "state_dict")}
         if learned:
             state["proposers"] = learned
@@ -615,6 +724,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return {**state, "pool": self.pool.model_dump(mode="json"), "merges_tried": sorted(self._merges_tried)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._noise = NoiseProbe.model_validate(state["noise"]) if state.get("noise") else None
+        self._tell_noise()
+        self._incumbent_score = state.get("incumbent_score")
         self.pool = CandidatePool.model_validate({**state.get("pool", {}), "objectives": self.objectives})
         self._merges_tried = set(state.get("merges_tried", []))
         for proposer in self.proposers:

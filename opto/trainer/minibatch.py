@@ -30,12 +30,13 @@ from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
 from ..run.callbacks import Callback, CallbackList, deliver_step
 from ..run.events import LedgerEvent, RolloutEvent, StepRecord
 from ..run.ledger import Checkpoint, RunDir, RunDirWriter
-from ..run.results import EvalResult, TrainResult
+from ..run.results import EvalResult, FinalCheckResult, TrainResult
 from ..search.stopping import RunProgress, StopCondition
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
 from .estimate import Estimate, PerCall, ask_to_confirm, combine, evaluations, given_per_call, per_unit, steps_of
 from .evaluation import aevaluate
 from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
+from .final_check import not_run
 from .options import check_flag, check_int, check_number
 from .resume import open_run
 
@@ -131,6 +132,60 @@ class Minibatch:
     def validation_examples(self) -> list[Example]:
         """The examples candidates are validated on, apart from the training batches (none here)."""
         return []
+
+    async def check_final(
+        self, ctx: StepContext, start: dict[str, Any], final: dict[str, Any], fallback: dict[str, Any] | None
+    ) -> tuple[FinalCheckResult, dict[str, Any]] | None:
+        """Check the values the run ends with against `start` on evidence no decision used,
+        and return the result with the values to return (None: this trainer has no check)."""
+        return None
+
+    async def _final_check_phase(self, state: Checkpoint, ctx: StepContext) -> bool:
+        """Run `check_final` once (a resumed run keeps its result) and apply the values it
+        returns; True if they differ from the search's."""
+        if state.final_check is not None:
+            return False
+        final = self.agent.stored_values()
+        best = (state.best or {}).get("parameters")
+        fallback = {**final, **best} if best else None
+        if fallback in (final, state.initial_parameters):
+            fallback = None
+        try:
+            found = await self.check_final(ctx, dict(state.initial_parameters), final, fallback)
+        except BudgetExceeded as exc:
+            reason = f"the budget ran out during the check ({exc}); the start is returned"
+            found = (not_run(reason, final), dict(state.initial_parameters))
+        if found is None:
+            return False
+        result, values = found
+        state.final_check = result.model_dump(mode="json")
+        changed_nothing = result.returned == "final" or final == state.initial_parameters
+        (logger.info if changed_nothing else logger.warning)("%s", result.summary())
+        if values == final:
+            return False
+        self.agent.apply(values)
+        return True
+
+    def _not_checked(self, state: Checkpoint, stopped: str | None) -> FinalCheckResult | None:
+        """A run that stopped before its final check returns the start (the search's values
+        stay in the checkpoint: resume=True finishes the run and checks them)."""
+        if state.final_check is not None or not state.initial_parameters:
+            return None
+        final = self.agent.stored_values()
+        if not self.has_final_check() or final == state.initial_parameters:
+            return None
+        self.agent.apply(state.initial_parameters)
+        reason = f"the run stopped before it ({stopped or 'interrupted'}); resume=True finishes the run and checks"
+        return not_run(reason, final)
+
+    def has_final_check(self) -> bool:
+        """Whether `check_final` checks anything (False here)."""
+        return False
+
+    def reserved_calls(self) -> int:
+        """Calls `check_final` is expected to make at the fewest (none here), which stop
+        conditions on calls count as spent."""
+        return 0
 
     def calls_per_step(self, batch_size: int) -> dict[str, int]:
         """The fewest model calls one step makes, by what makes them (one call per
@@ -518,7 +573,7 @@ class Minibatch:
                 for epoch, _, batch in loader.iter_batches(num_epochs):
                     if stop is not None:
                         state.usage = _merge_usage(prior_usage, meter.by_model)
-                        stopped = stop.check(_progress(state, started))
+                        stopped = stop.check(_progress(state, started, self.reserved_calls()))
                         if stopped is not None:
                             logger.info("training stops before step %d: %s", state.step + 1, stopped)
                             break
@@ -553,7 +608,10 @@ class Minibatch:
                             spent.cost_usd,
                         )
                 changed = self.finish()
+                changed = await self._final_check_phase(state, context(state.step, state.epoch)) or changed
                 state.parameters = self.agent.stored_values()
+                if writer is not None:
+                    writer.save_checkpoint(state)
                 if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
                     final = await evaluate_now(context(state.step, state.epoch), final=True)
                     if state.test_scores and state.test_scores[-1][0] == state.step:
@@ -588,7 +646,12 @@ class Minibatch:
                 state.usage = _merge_usage(prior_usage, meter.by_model)
                 if writer is not None:
                     _save_on_exit(writer, state, unfinished.step_record if unfinished else None)
+        unchecked = None
+        if not state.finished and state.final_check is None:
+            unchecked = self._not_checked(state, stopped)
         result = self._result(state, stopped, run, started)
+        if unchecked is not None:
+            result.final_check = unchecked
         observers.call("on_train_end", result)
         _log_end(result)
         if failure is not None:  # saved above; the caller's script must not go on as if it had trained
@@ -706,6 +769,7 @@ class Minibatch:
             test_failed=state.test_failed,
             rejected_wins=state.rejected_wins,
             best_rejected_win=state.best_rejected_win,
+            final_check=FinalCheckResult.model_validate(state.final_check) if state.final_check else None,
             diagnosis=summarize(
                 steps=state.step,
                 accepted=state.accepted,
@@ -761,7 +825,7 @@ def models_in(root: Any, depth: int = 6) -> list[Model]:
     return list(found.values())
 
 
-def _progress(state: Checkpoint, started: float) -> RunProgress:
+def _progress(state: Checkpoint, started: float, reserved_calls: int = 0) -> RunProgress:
     total = sum(state.usage.values(), UsageStats())
     best = state.best or {}
     return RunProgress(
@@ -771,6 +835,7 @@ def _progress(state: Checkpoint, started: float) -> RunProgress:
         seconds=time.monotonic() - started,
         best_score=best.get("score"),
         best_step=best.get("step", 0),
+        reserved_calls=0 if state.final_check is not None else reserved_calls,
     )
 
 

@@ -1,0 +1,81 @@
+"""The final check: what `train()` returns is compared with the values it started from,
+on evidence that no decision of the run used.
+
+The search may move on weak evidence (a tie, a win on a noisy batch); what the user gets
+back must hold on examples the search never decided on. `FinalCheck` reserves a seeded
+share of the training data up front (never proposed from, never validated on). When the
+data is too small to spare it, the check runs the agent again on every training example,
+several times where the agent or judge is noisy (fresh rollouts). Either way the final
+values and the start are compared example by example with a one-sided paired test
+(`opto.core.stats.paired_test`); values that are not shown better are not returned
+(`opto.trainer.final_check` picks what is).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.data import Example
+from ..errors import OptoValueError
+
+__all__ = ["FinalCheck"]
+
+
+@dataclass(frozen=True)
+class FinalCheck:
+    """How `train()` checks the values it returns (the default of `AggregatedUpdate`'s
+    `final_check`).
+
+    Args:
+        fraction: the share of the training data reserved for the check when there is
+            enough of it (`min_data` examples or more): at least `min_size`, at most
+            `max_size` examples, drawn with the run's seed.
+        min_size, max_size: bounds of the reserved split.
+        min_data: training examples below which nothing is reserved; the check then runs
+            the agent again on the training examples (`repeats` times each).
+        alpha: the level of the one-sided paired test "the returned values are no better
+            than the start". A fallback candidate is tested at `alpha / 2`.
+        repeats: rollouts per example and values when the agent or judge is noisy (two
+            runs of the same values disagreed) or when nothing was reserved.
+        probe: examples run twice under the starting values, before the first step, to
+            find out whether the agent or judge is noisy.
+    """
+
+    fraction: float = 0.25
+    min_size: int = 16
+    max_size: int = 200
+    min_data: int = 96
+    alpha: float = 0.1
+    repeats: int = 3
+    probe: int = 12
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction < 1:
+            raise OptoValueError(f"FinalCheck fraction must be within (0, 1), got {self.fraction!r}")
+        if not 1 <= self.min_size <= self.max_size:
+            raise OptoValueError(f"FinalCheck needs 1 <= min_size <= max_size, got {self.min_size}, {self.max_size}")
+        if self.min_data < 2 * self.min_size:
+            raise OptoValueError(f"FinalCheck min_data must be at least 2 * min_size, got {self.min_data}")
+        if not 0 < self.alpha < 1:
+            raise OptoValueError(f"FinalCheck alpha must be a level in (0, 1), e.g. 0.1, got {self.alpha!r}")
+        for name in ("repeats", "probe"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OptoValueError(f"FinalCheck {name} must be an int >= 1, got {value!r}")
+
+    def reserve(self, examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
+        """(examples left to train on, examples reserved for the check), both in their
+        original order; nothing is reserved from fewer than `min_data` examples."""
+        if len(examples) < self.min_data:
+            return examples, []
+        size = min(self.max_size, max(self.min_size, round(self.fraction * len(examples))))
+        chosen = set(random.Random(f"opto-final-check|{seed}").sample(range(len(examples)), size))
+        return [e for i, e in enumerate(examples) if i not in chosen], [
+            e for i, e in enumerate(examples) if i in chosen
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "min_size": self.min_size, "max_size": self.max_size,
+                "min_data": self.min_data, "alpha": self.alpha, "repeats": self.repeats}  # fmt: skip

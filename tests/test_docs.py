@@ -164,9 +164,12 @@ def check_getting_started(outputs: list[str], setting: Setting) -> None:
 
 
 def check_agents_page(outputs: list[str], setting: Setting) -> None:
-    assert _last_line(outputs[0]) == "{'prompt': 'Reply in digits.'} 2"
-    # two calls (the tool call, then the answer) in each of the train and validation rollouts
-    assert _last_line(outputs[1]) == "{'prompt': 'Reply in digits.'} 4"
+    # 4 examples, batches of 1: the noise probe (8), 4 training rollouts, the first step's
+    # candidate screened on its batch (1) and raced on the 4 examples beside the start (8),
+    # the final check (start and final values on the 4 examples: 8)
+    assert _last_line(outputs[0]) == "{'prompt': 'Reply in digits.'} 29"
+    # the same rollouts, two calls each (the tool call, then the answer)
+    assert _last_line(outputs[1]) == "{'prompt': 'Reply in digits.'} 58"
 
 
 def check_search_page(outputs: list[str], setting: Setting) -> None:

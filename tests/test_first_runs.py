@@ -19,6 +19,7 @@ from opto import (
     DemoProposer,
     Demos,
     ExactMatchGuide,
+    MinibatchValidation,
     Optimizer,
     OptoError,
     Parameter,
@@ -166,7 +167,7 @@ def test_a_bad_option_is_an_opto_error_naming_it(option, value):
 
 def test_a_run_that_learns_nothing_says_why(tmp_path, caplog, capsys):
     # Batches of 8 where 2 examples are fixed and none broken: p = 1/4 > 0.1, so the
-    # small-data test rejects the win; the result says so and what would change it.
+    # paired test on the batch rejects the win; the result says so and what would change it.
     class Partial(Sentiment):
         def forward(self, review: str) -> str:
             answer = super().forward(review)
@@ -174,7 +175,7 @@ def test_a_run_that_learns_nothing_says_why(tmp_path, caplog, capsys):
 
     agent = Partial()
     with caplog.at_level("WARNING"):
-        result = AggregatedUpdate(agent, Optimizer(brain())).train(
+        result = AggregatedUpdate(agent, Optimizer(brain()), validation=MinibatchValidation(alpha=0.1)).train(
             ExactMatchGuide(), sentiment_data(16), batch_size=8, shuffle=False, run_dir=tmp_path, progress=False
         )
     assert result.accepted == 0 and result.rejected_wins == 2

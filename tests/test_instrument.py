@@ -47,7 +47,7 @@ def test_an_sdk_agent_is_traced_counted_and_trained(tmp_path, client_class, agen
         client = client_class(base_url=server.base_url, api_key="test")
         handle = instrument(client)
         try:
-            trainer = AggregatedUpdate(agent_class(client), Optimizer(BRAIN), proposals="per_instance", validation="minibatch")
+            trainer = AggregatedUpdate(agent_class(client), Optimizer(BRAIN), proposals="per_instance", validation="minibatch", final_check=None)
             result = trainer.train(ExactMatchGuide(), [("2+2", "4")], run_dir=tmp_path, progress=False)
         finally:
             handle.close()

@@ -321,7 +321,7 @@ def langgraph_trainer(base_url: str) -> tuple[Any, Any]:
     brain = ScriptedModel(lambda messages: json.dumps(
         {"reasoning": "it never used its tool", "suggestion": {"prompt": "Always use the add tool for sums."}}),
         name="brain")
-    return AggregatedUpdate(GraphAgent(base_url), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch"), brain
+    return AggregatedUpdate(GraphAgent(base_url), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None), brain
 
 
 def test_a_langgraph_agent_is_trained_with_every_call_and_tool_in_its_ledger(langchain_traced, tmp_path):

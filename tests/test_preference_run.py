@@ -80,7 +80,7 @@ def test_score_proposals_setting_is_checked() -> None:
 def test_without_scoring_optimizer_turns_have_no_scores(tmp_path: Path) -> None:
     data = [{"x": "Count: apple", "info": "1", "id": "q1"}]
     trainer = AggregatedUpdate(Counter(ScriptedModel(counting_reply)),
-                               Optimizer(ScriptedModel(alternating(GOOD, BAD)), num_proposals=2), validation="minibatch")
+                               Optimizer(ScriptedModel(alternating(GOOD, BAD)), num_proposals=2), validation="minibatch", final_check=None)
     trainer.train(ExactMatchGuide(), data, run_dir=tmp_path, progress=False)
     reading = read_turns(tmp_path, "optimizer")
     assert [len(t.candidates) for t in reading.turns] == [0]

@@ -70,7 +70,7 @@ def test_round_robin_proposes_for_one_parameter_a_step_and_shows_the_others_as_f
 
     agent = TwoPrompts(ScriptedModel(lambda m: "wrong", name="agent"))
     trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer, name="brain")), validation="none",
-                               proposals="reflective", components="round_robin")
+                               proposals="reflective", components="round_robin", final_check=None)
     trainer.train(ExactMatchGuide(), [{"x": i, "info": "right", "id": f"e{i}"} for i in range(4)], batch_size=2,
                   progress=False)
     assert seen == [{"first": "yes", "second": "no (fixed)"}, {"first": "no (fixed)", "second": "yes"}]

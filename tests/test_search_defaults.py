@@ -15,7 +15,7 @@ from opto.search import HoldOut
 from opto.search.pool import CandidatePool
 from opto.search.registry import make
 from opto.search.selection import EpsilonGreedy, TopK
-from opto.search.validation import DatasetValidation, MinibatchFirst, MinibatchValidation, ValidationContext
+from opto.search.validation import DatasetValidation, MinibatchFirst, ValidationContext
 from opto.core.rollout import Rollout
 from world import LevelAgent, agent_reply, dataset, make_brain
 
@@ -63,11 +63,13 @@ def test_resuming_with_other_data_is_refused_before_anything_changes(tmp_path):
 
 
 @pytest.mark.parametrize("batch_size", [4, 2])
-def test_too_little_data_to_split_accepts_on_the_batch(batch_size):
+def test_too_little_data_to_split_validates_on_the_whole_training_set(batch_size):
     trainer, *_ = default_trainer()
     trainer.train(ExactMatchGuide(), DATA[:31], batch_size=batch_size, progress=False)
-    # one rule for every batch size: batches too small for the test are judged by a strict win
-    assert isinstance(trainer.validation, MinibatchValidation) and trainer.validation.alpha == 0.1
+    # a candidate that wins on its batch is raced on every training example, ties accepted
+    assert isinstance(trainer.validation, MinibatchFirst)
+    assert [e.id for e in trainer.validation.examples] == [row["id"] for row in DATA[:31]]
+    assert trainer.validation.race == 8 and trainer.validation.accept_ties
 
 
 def test_pool_selection_with_too_little_data_says_what_to_pass():

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from opto import Agent, AggregatedUpdate, Aggregator, Budget, ExactMatchGuide, Optimizer, Parameter, RunDir
-from opto.llm import ScriptedModel
 from opto.core.rollout import Rollout
+from opto.llm import ScriptedModel
 from opto.search.selection import CandidatePool
+from opto.search.validation import DatasetValidation
 
 NEXT_SKILL = {"": "v1 v2", "v1 v2": "v3", "v3": "v3 v4", "v3 v4": "v1 v2 v3"}
 VALIDATION = [{"x": f"v{i}", "info": "yes", "id": f"v{i}"} for i in range(1, 5)]
@@ -46,8 +47,8 @@ def make_trainer(selection="pareto", budget=None):
     trainer = AggregatedUpdate(
         agent, Optimizer(ScriptedModel(optimizer_reply, name="opt", budget=budget)),
         aggregator=Aggregator(ScriptedModel(aggregator_reply, name="agg")),
-        validation=VALIDATION, selection=selection, concurrency=1,
-        proposals="per_instance",)
+        validation=DatasetValidation(VALIDATION), selection=selection, concurrency=1,
+        proposals="per_instance", final_check=None)  # the pool's own pick (the final check has tests of its own)
     return trainer, agent
 
 
@@ -135,7 +136,7 @@ def test_pareto_needs_a_validation_dataset():
         with pytest.raises(ValueError, match="validation=<a dataset>"):
             AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), validation=validation, selection="pareto", proposals="per_instance")
     with pytest.raises(ValueError, match="selection must be one of 'greedy', 'pareto', 'epsilon_greedy', 'top_k'"):
-        AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), selection="best", proposals="per_instance", validation="minibatch")
+        AggregatedUpdate(SkillAgent(), Optimizer(ScriptedModel([])), selection="best", proposals="per_instance", validation="minibatch", final_check=None)
 
 
 def ledger_shape(run_dir):

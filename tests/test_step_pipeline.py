@@ -50,7 +50,7 @@ def test_an_instance_is_proposed_for_while_a_slower_rollout_still_runs(tmp_path)
     asked, prompts = asyncio.Event(), []
     agent = OneSlowAgent(ScriptedModel(agent_reply), asked)
     brain = ScriptedModel(signalling_brain(asked, prompts))
-    trainer = AggregatedUpdate(agent, Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(agent, Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None)
     trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
 
     assert agent.waited_for_the_optimizer is True
@@ -68,7 +68,7 @@ def test_an_executor_that_reports_nothing_as_it_goes_still_gets_every_instance_p
 
     brain = ScriptedModel(make_brain())
     trainer = AggregatedUpdate(LevelAgent(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain,
-                               executor=WholeBatchExecutor(), proposals="per_instance", validation="minibatch")
+                               executor=WholeBatchExecutor(), proposals="per_instance", validation="minibatch", final_check=None)
     trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), batch_size=3, run_dir=tmp_path, **TRAIN)
     proposals = [e["instance_id"] for e in RunDir(tmp_path).ledger() if e["type"] == "proposal"]
     assert proposals == ["x0", "x1", "x2"]
@@ -85,7 +85,7 @@ def test_proposals_made_before_a_step_stops_are_in_its_partial_record(tmp_path):
         return make_brain()(messages)
 
     model = ScriptedModel(brain)
-    trainer = AggregatedUpdate(LevelAgent(ScriptedModel(agent_reply)), Optimizer(model), llm=model, concurrency=1, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(LevelAgent(ScriptedModel(agent_reply)), Optimizer(model), llm=model, concurrency=1, proposals="per_instance", validation="minibatch", final_check=None)
     result = trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
     assert "budget" in (result.stopped_reason or "")
     ledger = RunDir(tmp_path).ledger()

@@ -248,7 +248,7 @@ def test_an_agent_with_tools_is_traced_counted_and_trained(tmp_path, kind):
     with FakeOpenAIServer(reply=tool_server_reply) as server:
         agent, handle = make_agent(kind, server)
         try:
-            trainer = AggregatedUpdate(agent, Optimizer(BRAIN), proposals="per_instance", validation="minibatch")
+            trainer = AggregatedUpdate(agent, Optimizer(BRAIN), proposals="per_instance", validation="minibatch", final_check=None)
             result = trainer.train(ExactMatchGuide(), [("2+2", "4")], run_dir=tmp_path, progress=False)
         finally:
             handle.close()
@@ -270,7 +270,7 @@ def test_a_budget_stops_an_agent_with_tools(tmp_path, kind):
     with FakeOpenAIServer(reply=tool_server_reply) as server:
         agent, handle = make_agent(kind, server, budget=Budget(max_calls=3))
         try:
-            result = AggregatedUpdate(agent, Optimizer(BRAIN), proposals="per_instance", validation="minibatch").train(
+            result = AggregatedUpdate(agent, Optimizer(BRAIN), proposals="per_instance", validation="minibatch", final_check=None).train(
                 ExactMatchGuide(), [("2+2", "4")], run_dir=tmp_path, progress=False)
         finally:
             handle.close()

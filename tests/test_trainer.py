@@ -87,8 +87,7 @@ def test_validation_none_accepts_even_a_worse_candidate():
 def test_dataset_validation_decides_on_the_validation_set():
     # On the training batch (x=5) level 1 ties; on the validation set (x=0) it is better.
     validation = dataset([0, 7])
-    trainer, the_agent, agent_model, brain = make_trainer(validation=validation)
-    assert isinstance(trainer.validation, DatasetValidation)
+    trainer, the_agent, agent_model, brain = make_trainer(validation=DatasetValidation(validation))
     result = trainer.train(ExactMatchGuide(), dataset([5]), **TRAIN)
     assert result.accepted == 1
     assert the_agent.system_prompt.stored_value == "level 1"
@@ -99,7 +98,7 @@ def test_dataset_validation_decides_on_the_validation_set():
 
 
 def test_dataset_validation_rejects_what_does_not_help_there():
-    trainer, the_agent, agent_model, brain = make_trainer(validation=dataset([6, 7]))
+    trainer, the_agent, agent_model, brain = make_trainer(validation=DatasetValidation(dataset([6, 7])))
     result = trainer.train(ExactMatchGuide(), dataset([0]), **TRAIN)  # better on the batch, a tie on validation
     assert result.rejected == 1 and the_agent.system_prompt.stored_value == "level 0"
 
@@ -121,7 +120,7 @@ def test_with_several_candidates_the_best_accepted_one_is_applied(tmp_path):
     agent_model = ScriptedModel(agent_reply)
     brain = ScriptedModel(make_brain(aggregator=two_samples))
     the_agent = LevelAgent(agent_model, level=2)
-    trainer = AggregatedUpdate(the_agent, Optimizer(brain), aggregator=Aggregator(brain, num_candidates=2), proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(the_agent, Optimizer(brain), aggregator=Aggregator(brain, num_candidates=2), proposals="per_instance", validation="minibatch", final_check=None)
     result = trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), batch_size=3, run_dir=tmp_path, **TRAIN)
     assert result.accepted == 1
     assert the_agent.system_prompt.stored_value == "level 3"
@@ -240,7 +239,7 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(TypeError, match="Guide"):
         trainer.train(lambda x, o, i: 1.0, dataset([0]), progress=False)
     with pytest.raises(TypeError, match="Agent"):
-        AggregatedUpdate(object(), Optimizer(ScriptedModel([])), proposals="per_instance", validation="minibatch")
+        AggregatedUpdate(object(), Optimizer(ScriptedModel([])), proposals="per_instance", validation="minibatch", final_check=None)
 
 
 async def test_sync_train_works_inside_a_running_event_loop():
@@ -385,7 +384,7 @@ def resume_trainer(cache=None, budget=None):
     agg_model = ScriptedModel(make_brain(), name="aggregator-model", **kwargs)
     the_agent = LevelAgent(agent_model)
     trainer = AggregatedUpdate(the_agent, Optimizer(opt_model),
-                               aggregator=Aggregator(agg_model), concurrency=1, proposals="per_instance", validation="minibatch")
+                               aggregator=Aggregator(agg_model), concurrency=1, proposals="per_instance", validation="minibatch", final_check=None)
     return trainer, the_agent, (agent_model, opt_model, agg_model)
 
 
@@ -592,7 +591,7 @@ async def test_aforward_after_train_works_in_another_event_loop():
 
     the_agent = LevelAgent(ScriptedModel(agent_reply))
     optimizer_model = ScriptedModel(slow_brain)
-    trainer = AggregatedUpdate(the_agent, Optimizer(optimizer_model), concurrency=1, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(the_agent, Optimizer(optimizer_model), concurrency=1, proposals="per_instance", validation="minibatch", final_check=None)
     result = await asyncio.to_thread(trainer.train, ExactMatchGuide(), dataset([5, 6, 7, 8]), batch_size=4,
                                      **TRAIN)
     assert result.steps == 1
@@ -613,9 +612,9 @@ def test_aggregator_object_and_llm_arguments():
     other = ScriptedModel(make_brain(), name="other")
     the_agent = LevelAgent(ScriptedModel(agent_reply))
     custom = Aggregator(other, fan_in=3)
-    assert AggregatedUpdate(the_agent, Optimizer(brain), aggregator=custom, proposals="per_instance", validation="minibatch").aggregator is custom
-    assert AggregatedUpdate(the_agent, Optimizer(brain), llm=other, proposals="per_instance", validation="minibatch").aggregator.model is other
-    assert AggregatedUpdate(the_agent, Optimizer(brain), proposals="per_instance", validation="minibatch").aggregator.model is brain
+    assert AggregatedUpdate(the_agent, Optimizer(brain), aggregator=custom, proposals="per_instance", validation="minibatch", final_check=None).aggregator is custom
+    assert AggregatedUpdate(the_agent, Optimizer(brain), llm=other, proposals="per_instance", validation="minibatch", final_check=None).aggregator.model is other
+    assert AggregatedUpdate(the_agent, Optimizer(brain), proposals="per_instance", validation="minibatch", final_check=None).aggregator.model is brain
 
 
 def test_an_agent_without_trainable_parameters_is_refused():
@@ -627,7 +626,7 @@ def test_an_agent_without_trainable_parameters_is_refused():
             return x
 
     with pytest.raises(ValueError, match="no trainable Parameter"):
-        AggregatedUpdate(Frozen(), Optimizer(ScriptedModel([])), proposals="per_instance", validation="minibatch")
+        AggregatedUpdate(Frozen(), Optimizer(ScriptedModel([])), proposals="per_instance", validation="minibatch", final_check=None)
 
 
 # ------------------------------------------------------- interruptions and torn files
@@ -687,7 +686,7 @@ def test_lone_surrogates_are_cleaned_in_the_model_layer_and_kept_exact_in_the_le
 
     brain = ScriptedModel(make_brain())
     agent_model = ScriptedModel(lambda messages: broken if messages[1]["content"] == "1" else "0")
-    trainer = AggregatedUpdate(ToolAgent(agent_model), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(ToolAgent(agent_model), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None)
     result = trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
     assert result.steps == 1 and result.stopped_reason is None
     rollouts = {r["instance_id"]: r for r in RunDir(tmp_path).ledger() if r["type"] == "rollout"}
@@ -734,7 +733,7 @@ def test_a_run_where_every_rollout_fails_stops_with_the_error(tmp_path, caplog):
 
 
 def test_an_agent_typo_stops_the_run_and_names_the_error():
-    trainer = AggregatedUpdate(TypoAgent(), Optimizer(ScriptedModel(["{}"])), proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(TypoAgent(), Optimizer(ScriptedModel(["{}"])), proposals="per_instance", validation="minibatch", final_check=None)
     with pytest.raises(TooManyFailures) as stopped:
         trainer.train(ExactMatchGuide(), dataset([0, 1]), **TRAIN)
     assert "AttributeError" in str(stopped.value) and "promt" in str(stopped.value)
@@ -791,7 +790,7 @@ def test_a_trainable_parameter_the_agent_never_reads_is_warned_about_once(caplog
             self.unused = Parameter("never read", description="a knob forward forgets")
 
     brain = ScriptedModel(make_brain())
-    trainer = AggregatedUpdate(TwoKnobs(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(TwoKnobs(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None)
     with caplog.at_level("WARNING"):
         trainer.train(ExactMatchGuide(), dataset([0, 1, 2]), **TRAIN)
     unread = [r.getMessage() for r in caplog.records if "was not read" in r.getMessage()]
@@ -814,7 +813,7 @@ class Branchy(LevelAgent):
 @pytest.mark.parametrize("order, warned", [([5, 0, 1], False), ([0, 5, 1], True)], ids=["read-first", "read-later"])
 def test_a_parameter_read_in_some_branches_is_warned_about_only_while_never_read(caplog, order, warned):
     brain = ScriptedModel(make_brain())
-    trainer = AggregatedUpdate(Branchy(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(Branchy(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None)
     with caplog.at_level("WARNING"):
         trainer.train(ExactMatchGuide(), dataset(order), **TRAIN)
         trainer.train(ExactMatchGuide(), dataset(order), **TRAIN)  # once per run: a second run may say it again
@@ -833,7 +832,7 @@ def test_a_hanging_agent_times_out_and_the_step_goes_on(tmp_path):
             return await super().forward(x)
 
     brain = ScriptedModel(make_brain())
-    trainer = AggregatedUpdate(SlowOn9(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch")
+    trainer = AggregatedUpdate(SlowOn9(ScriptedModel(agent_reply)), Optimizer(brain), llm=brain, proposals="per_instance", validation="minibatch", final_check=None)
     result = trainer.train(ExactMatchGuide(), dataset([9, 0]), batch_size=2, rollout_timeout=0.2,
                            run_dir=tmp_path, **TRAIN)
     assert result.steps == 1 and result.stopped_reason is None and result.accepted == 1
@@ -873,7 +872,7 @@ def test_candidates_are_validated_at_the_same_time_and_recorded_in_order(tmp_pat
     brain = ScriptedModel(make_brain(delta=2))
     agent = LevelAgent(ScriptedModel(slow_reply))
     trainer = AggregatedUpdate(agent, Optimizer(brain), aggregator=Aggregator(brain, num_candidates=3),
-                               concurrency=1, proposals="per_instance", validation="minibatch")
+                               concurrency=1, proposals="per_instance", validation="minibatch", final_check=None)
     trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, run_dir=tmp_path, **TRAIN)
     assert peak[0] >= 2  # concurrency=1 per candidate's batch, yet several candidates ran at once
     ledger = RunDir(tmp_path).ledger()
@@ -901,8 +900,9 @@ def test_every_rollout_goes_through_the_executor(tmp_path):
     trainer = AggregatedUpdate(LevelAgent(agent_model), Optimizer(brain), llm=brain, executor=executor,
                                score_proposals="instance", validation="minibatch", proposals="per_instance")
     trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, test_dataset=dataset([0, 1, 2]), **TRAIN)
-    # test before (3) + the batch (2) + one proposal scored per instance (2) + validation (2) + test after (3)
-    assert executor.examples == 12 == len(agent_model.requests)
+    # test before (3) + the noise probe (2 examples twice) + the batch (2) + one proposal scored per
+    # instance (2) + validation (2) + the final check (start and final values on the 2 examples) + test after (3)
+    assert executor.examples == 20 == len(agent_model.requests)
 
 
 def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_the_final_score(tmp_path):

@@ -92,8 +92,9 @@ def make_level_trainer(level=0, delta=1, brain_kwargs=None, agent_kwargs=None, b
     agent_model = ScriptedModel(agent_reply, name="agent-model", **(agent_model_kwargs or {}))
     brain = ScriptedModel(make_brain(delta, **(brain_kwargs or {})), name="brain", **(brain_model_kwargs or {}))
     the_agent = LevelAgent(agent_model, level=level, **(agent_kwargs or {}))
-    # The level world's tests are about per-instance proposals accepted on the batch.
-    settings = {"proposals": "per_instance", "validation": "minibatch", **trainer_kwargs}
+    # The level world's tests are about per-instance proposals accepted on the batch, and
+    # the values the search ends with (the final check has tests of its own).
+    settings = {"proposals": "per_instance", "validation": "minibatch", "final_check": None, **trainer_kwargs}
     trainer = AggregatedUpdate(the_agent, Optimizer(brain), llm=brain, **settings)
     return trainer, the_agent, agent_model, brain
 
@@ -148,6 +149,7 @@ def make_run(run_dir: Path, *, examples: int = 8, score_proposals: str = "instan
         concurrency=4,
         proposals="per_instance",
         validation="minibatch",
+        final_check=None,
     )
     result = trainer.train(ExactMatchGuide(), data, batch_size=2, run_dir=run_dir, progress=False, shuffle=False)
     return result.model_dump()

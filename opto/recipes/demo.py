@@ -35,6 +35,7 @@ from ..run.ledger import RunDir
 from ..run.results import FinalCheckResult
 from ..search.aggregation import Aggregator
 from ..search.proposers import DemoProposer, Optimizer
+from ..search.validation import DatasetValidation
 from ..trainer import AggregatedUpdate
 from ..trainer.estimate import Estimate
 
@@ -164,7 +165,10 @@ def demo_trainer(
         [Optimizer(model, max_tokens=120, temperature=0.8), DemoProposer(source="labels")],
         aggregator=Aggregator(model, max_tokens=160, temperature=0.8),
         concurrency=4,
-        validation=bigbench(task, split="validation", n=validation_n, seed=seed),
+        # Every candidate on the whole validation split (no screening on the batch): the
+        # run's ledger then holds each example's rollouts under several candidates, which
+        # `opto export --format art` makes into groups (the RL walkthrough).
+        validation=DatasetValidation(bigbench(task, split="validation", n=validation_n, seed=seed)),
         selection=selection,
     )
 

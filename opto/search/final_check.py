@@ -38,7 +38,9 @@ class FinalCheck:
         alpha: the level of the one-sided paired test "the returned values are no better
             than the start". A fallback candidate is tested at `alpha / 2`.
         repeats: rollouts per example and values when the agent or judge is noisy (two
-            runs of the same values disagreed) or when nothing was reserved.
+            runs of the same values disagreed), at the check's second look; more on a
+            check of few examples, so that each side has at least `min_rollouts`.
+        min_rollouts: the fewest rollouts of each side at a noisy check's second look.
         probe: examples run twice under the starting values, before the first step, to
             find out whether the agent or judge is noisy.
     """
@@ -50,6 +52,7 @@ class FinalCheck:
     alpha: float = 0.1
     repeats: int = 3
     probe: int = 12
+    min_rollouts: int = 60
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
@@ -60,7 +63,7 @@ class FinalCheck:
             raise OptoValueError(f"FinalCheck min_data must be at least 2 * min_size, got {self.min_data}")
         if not 0 < self.alpha < 1:
             raise OptoValueError(f"FinalCheck alpha must be a level in (0, 1), e.g. 0.1, got {self.alpha!r}")
-        for name in ("repeats", "probe"):
+        for name in ("repeats", "probe", "min_rollouts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptoValueError(f"FinalCheck {name} must be an int >= 1, got {value!r}")
@@ -75,6 +78,10 @@ class FinalCheck:
         return [e for i, e in enumerate(examples) if i not in chosen], [
             e for i, e in enumerate(examples) if i in chosen
         ]
+
+    def rounds(self, examples: int) -> int:
+        """Rollouts per example at a noisy check's second look."""
+        return max(self.repeats, -(-self.min_rollouts // max(1, examples)))
 
     def describe(self) -> dict[str, Any]:
         return {"fraction": self.fraction, "min_size": self.min_size, "max_size": self.max_size,

@@ -139,6 +139,9 @@ class Optimizer:
         self.successes = successes
         self.perfect_score = perfect_score
         self.skip_perfect = skip_perfect
+        # Said at the end of every prompt while set (the trainer sets it when candidates
+        # quoted training examples: `opto.search.copies`).
+        self.note: str | None = None
 
     def went_right(self, rollout: Rollout) -> bool:
         return not rollout.failed and rollout.score is not None and rollout.score >= self.perfect_score
@@ -201,6 +204,11 @@ class Optimizer:
     async def _ask(
         self, editable: list[Parameter], messages: list[dict[str, str]], instance: list[str], seen: list[str]
     ) -> list[Proposal]:
+        if self.note:
+            messages = [
+                *messages[:-1],
+                {**messages[-1], "content": f"{messages[-1]['content']}\n\n# Note\n{self.note}"},
+            ]
         completion = await self.model.complete(
             messages,
             response_format=reply_format(editable, ["reasoning"], "proposal") if self.structured else JSON_MODE,

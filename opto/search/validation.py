@@ -542,9 +542,8 @@ def check_alpha(alpha: float | None) -> float | None:
 
 def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
     """A registered name ("minibatch", "none"; `opto.search.registry`), a `Validation`, or
-    a dataset (anything `load_dataset` reads, such as a ".jsonl" path): then
-    `MinibatchFirst(dataset, race=8, accept_ties=True)`, the rule `bench/search.py` and
-    `bench/robustness.py` measured best (the final check guards what the run returns)."""
+    a dataset (anything `load_dataset` reads, such as a ".jsonl" path): `DatasetValidation`
+    on it (`AggregatedUpdate` makes a greedy search's dataset a `MinibatchFirst`)."""
     if isinstance(spec, Validation):
         return spec
     if isinstance(spec, str) and not spec.endswith(".jsonl"):
@@ -552,4 +551,4 @@ def make_validation(spec: str | Validation | Sequence[Any] | Any) -> Validation:
             known = ", ".join(repr(name) for name in names("validation"))
             raise OptoValueError(f"validation must be one of {known}, a dataset or a Validation; got {spec!r}")
         return make("validation", spec)
-    return MinibatchFirst(spec, race=8, accept_ties=True)
+    return DatasetValidation(spec)

@@ -95,10 +95,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         executor: where rollouts run (`opto.RolloutExecutor`; default in-process asyncio).
         validation: "auto" (the default: hold out a validation split from the training data,
             `holdout`, and accept with `MinibatchFirst(split, race=8, accept_ties=True)`; on
-            a training set too small to split, `MinibatchValidation(alpha=0.1)`: the step's
-            best candidate on the batch, with a paired test its batch can pass, or a strict
-            win on a batch of 2 or 3), "minibatch" (re-run the batch with the
-            candidate), "none" (always accept), a dataset to validate on, or a `Validation`.
+            a training set too small to split, the same rule on all the training examples),
+            "minibatch" (re-run the batch with the candidate), "none" (always accept), a
+            dataset to validate on (a greedy search: `MinibatchFirst(dataset, race=8,
+            accept_ties=True)`; pool-based selection or a proposer that learns from
+            validation scores: `DatasetValidation(dataset)`), or a `Validation`.
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
         final_check: how `train()` checks the values it returns against the start
@@ -184,13 +185,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self._noise: NoiseProbe | None = None
         self._incumbent_score: float | None = None  # the current values' score on the examples decided on
         self._guard: CopyGuard | None = None
+        self._copy_note: str | None = None  # asks the LLM proposers for general rules (see _note_copies)
         # With "auto", the split is made when train() sees the data; until then (e.g. for a
         # Trace-style update()) candidates are accepted on the batch with a paired test.
-        self.validation = MinibatchValidation() if self.auto_validation else make_validation(validation)
         self.improvement_threshold = improvement_threshold
         self.score_proposals = check_score_proposals(score_proposals)
         self.selector = make("selection", selection)
         self.selection = self.selector.name
+        self.validation = MinibatchValidation() if self.auto_validation else make_validation(validation)
+        if type(self.validation) is DatasetValidation and not isinstance(validation, Validation):
+            self.validation = self._for_a_dataset(self.validation)
         if self.selector.uses_pool and not self.auto_validation and not isinstance(self.validation, DatasetValidation):
             raise OptoValueError(
                 f"selection={self.selection!r} keeps a pool of candidates compared example by example on a fixed "
@@ -210,6 +214,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._unread_warned: set[str] = set()
         self._read: set[str] = set()  # the parameters some rollout of this run has read
+
+    def _for_a_dataset(self, validation: DatasetValidation) -> DatasetValidation:
+        """A user's validation set: a greedy search screens on the batch, races on the set
+        and accepts ties (`MinibatchFirst(set, race=8, accept_ties=True)`, measured best
+        by `bench/search.py` and `bench/robustness.py`; the final check guards what the run
+        returns). A pool, or a proposer that learns from validation scores (`observe`),
+        needs every candidate scored on the whole set: `DatasetValidation(set)`."""
+        if self.selector.uses_pool or any(hasattr(p, "observe") for p in self.proposers):
+            return validation
+        return MinibatchFirst(validation.examples, race=8, accept_ties=True)
 
     def _prepare(
         self, guide: Guide, train_dataset: Any, *, stepsize: float, batch_size: int, seed: int, min_score: float | None
@@ -297,7 +311,29 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             )
         record = await self._decide(rollouts, proposals, ctx)
         self._tell_scores(record)
+        self._note_copies(record)
         return record
+
+    def _note_copies(self, record: StepRecord) -> None:
+        """After a step whose candidates quoted training examples, the LLM proposers are
+        asked for general rules (until a step's candidates quote none)."""
+        quoted = sorted({key for d in record.decisions for key in d.quoted})
+        note = None
+        if quoted:
+            shown = ", ".join(quoted[:5]) + (f" and {len(quoted) - 5} more" if len(quoted) > 5 else "")
+            note = (
+                f"Earlier suggestions copied training examples into the parameters ({shown}). A value that "
+                "quotes an example's input or expected answer gets no credit for that example: write general "
+                "rules that fix inputs like these, never the examples themselves."
+            )
+        if quoted or record.decisions:
+            self._set_copy_note(note)
+
+    def _set_copy_note(self, note: str | None) -> None:
+        self._copy_note = note
+        for proposer in self.proposers:
+            if isinstance(proposer, Optimizer):
+                proposer.note = note
 
     async def _probe_noise(self, ctx: StepContext) -> None:
         """Before the first step: run the starting values twice on a few training examples;
@@ -334,10 +370,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         training and validation example again when none were reserved."""
         if self.final_check is None:
             return None
-        if self._check_examples:
-            kind, examples = "held-out", self._check_examples
-        else:
-            kind, examples = "repeated rollouts", [*self._train_examples, *self.validation_examples()]
+        kind = "held-out" if self._check_examples else "repeated rollouts"
+        examples = self._final_check_examples()
         result, values, _ = await check_final_values(
             self._runner(ctx),
             self.final_check,
@@ -356,11 +390,17 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return self.final_check is not None
 
     def reserved_calls(self) -> int:
-        """The final check's first look: the start and the final values once on each of
-        its examples (one model call per rollout assumed)."""
-        if self.final_check is None:
-            return 0
-        return 2 * len(self._check_examples or [*self._train_examples, *self.validation_examples()])
+        """The final check's first look: the start and the final values once on each of its
+        examples (one call per rollout assumed). A noisy agent's second look and a fallback
+        candidate come on top."""
+        return 2 * len(self._final_check_examples()) if self.final_check is not None else 0
+
+    def _final_check_examples(self) -> list[Example]:
+        """The reserved examples, or (none reserved) every training and validation example once."""
+        if self._check_examples:
+            return self._check_examples
+        found = {e.id: e for e in [*self._train_examples, *self.validation_examples()]}
+        return list(found.values())
 
     def search_score(self) -> float | None:
         """The final values' score on the examples the search decided on (validation set,
@@ -713,7 +753,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # Pool-based selection -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"incumbent_score": self._incumbent_score}
+        state: dict[str, Any] = {"incumbent_score": self._incumbent_score, "copy_note": self._copy_note}
         if self._noise is not None:
             state["noise"] = self._noise.model_dump()
         learned = {p.name: p.state_dict() for p in self.proposers if hasattr(p, "state_dict")}
@@ -727,6 +767,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self._noise = NoiseProbe.model_validate(state["noise"]) if state.get("noise") else None
         self._tell_noise()
         self._incumbent_score = state.get("incumbent_score")
+        self._set_copy_note(state.get("copy_note"))
         self.pool = CandidatePool.model_validate({**state.get("pool", {}), "objectives": self.objectives})
         self._merges_tried = set(state.get("merges_tried", []))
         for proposer in self.proposers:

@@ -103,7 +103,7 @@ async def _compare(
     measured: _Measured, start: dict[str, Any], values: dict[str, Any], level: float, repeats: int
 ) -> tuple[dict[str, Any], bool, int]:
     """The paired test of `values` against `start`: one round each, then (when `repeats` > 1
-    and the first look is favourable but not conclusive) `repeats` rounds; each look at
+    and the first look is not conclusive either way) `repeats` rounds; each look at
     `level / 2` when there are two, so the two looks together stay at `level`."""
     looks = [1, repeats] if repeats > 1 else [1]
     each = level / len(looks)
@@ -127,7 +127,7 @@ async def _compare(
         }
         if test.difference > 0 and test.p_value <= each:
             return found, True, rounds
-        if test.difference <= 0:  # a second look would not be favourable either
+        if test.p_value >= 1 - level:  # the first look points the other way: a second would not pass
             return found, False, rounds
     return found, False, looks[-1]
 
@@ -171,7 +171,7 @@ async def check_final_values(
             [],
         )
     measured = _Measured(runner, usable)
-    repeats = settings.repeats if noisy else 1
+    repeats = settings.rounds(len(usable)) if noisy else 1
     for index, values in enumerate(candidates):
         level = settings.alpha if index == 0 else settings.alpha / 2
         found, shown, rounds = await _compare(measured, start, values, level, repeats)

@@ -107,7 +107,8 @@ def run_opto(scenario: Scenario, row: str, seed: int, budget: int) -> Outcome:
     result = trainer.train(NoisyJudge(scenario.judge(seed)), without_class(scenario.train_set()), batch_size=4,
                            num_epochs=100, seed=seed, progress=False, stop=MaxCalls(budget))
     values = {name: result.final_parameters[name] for name in landscape.parts}
-    searched = result.final_check.search_parameters if result.final_check else result.final_parameters
+    check = getattr(result, "final_check", None)  # None also for opto before the final check
+    searched = check.search_parameters if check else result.final_parameters
     return outcome(scenario, values, sum(c.calls for c in counters), {name: searched[name] for name in landscape.parts})
 
 

@@ -29,6 +29,10 @@ at all below a configured batch of 4):
 - the share of steps that accept a candidate when none is better, per batch size and
   number of candidates (each candidate drawn as above, independently).
 
+Last, the final check's own decision (a run's returned values against its start, the
+mid-p sign test at 0.1): how often a candidate that is not better, or better by the
+margin, is returned instead of the start, on 12, 24 and 64 check examples.
+
     python bench/validation.py                  # 1000 steps a cell, margin 0.15
     python bench/validation.py --steps 4000 --margin 0.10
 """
@@ -142,6 +146,44 @@ def small_data_tables(steps: int) -> None:
                 print(f"| {model} | {n} | {k} | {before:.1%} | {now:.1%} |")
 
 
+class _Scores:
+    """Stands for the final check's measurements: fixed 0/1 answers per set of values."""
+
+    def __init__(self, answers: dict[str, np.ndarray]) -> None:
+        self.answers = answers
+
+    async def scores(self, values: dict[str, str], rounds: int) -> dict[str, float]:
+        return {f"e{i}": float(c) for i, c in enumerate(self.answers[values["v"]])}
+
+
+def final_check_rate(n: int, margin: float, steps: int, seed: int, model: str) -> float:
+    """How often the final check (`opto.trainer.final_check`, its own decision code: the
+    mid-p sign test at alpha 0.1) returns a candidate rather than the start."""
+    import asyncio
+
+    from opto.trainer.final_check import _compare
+
+    returned = 0
+    for current, [candidate] in drawn_steps(n, margin, steps, seed, model):
+        measured = _Scores({"start": current, "final": candidate})
+        _, shown, _ = asyncio.run(_compare(measured, {"v": "start"}, {"v": "final"}, 0.1, 1))  # type: ignore[arg-type]
+        returned += shown
+    return returned / steps
+
+
+def final_check_table(steps: int, margin: float) -> None:
+    print()
+    print(f"The final check: runs that return the candidate instead of the start ({steps} runs a cell)")
+    print()
+    print(f"| answers | check examples | not better | better by {margin:+.0%} |")
+    print("|---|---:|---:|---:|")
+    for model in ("independent", "related"):
+        for n in (12, 24, 64):
+            null = final_check_rate(n, 0.0, steps, seed=1000 + n, model=model)
+            power = final_check_rate(n, margin, steps, seed=2000 + n, model=model)
+            print(f"| {model} | {n} | {null:.1%} | {power:.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -166,6 +208,7 @@ def main() -> None:
     for model, n, name, null, power in rows:
         print(f"| {model} | {n} | {name} | {null:.1%} | {power:.1%} |")
     small_data_tables(args.steps)
+    final_check_table(args.steps, args.margin)
 
 
 if __name__ == "__main__":

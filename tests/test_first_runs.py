@@ -219,7 +219,7 @@ def test_log_lines_of_the_command_name_its_options(caplog):
 
     from opto.cli import command_words
 
-    logger = logging.getLogger("opto.trainer.minibatch")
+    logger = logging.getLogger("opto.trainer.session")
     with caplog.at_level("WARNING"), command_words():
         logger.warning("training stopped by SIGTERM after step %d (saved; resume=True continues)", 2)
     logger.warning("after the command: resume=True")  # a script's own log lines keep the library's words

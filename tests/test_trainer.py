@@ -934,9 +934,9 @@ def test_by_default_the_test_set_is_evaluated_only_at_the_start_and_the_end():
 
 def test_each_step_logs_one_line_with_its_outcome_and_the_cost_so_far(caplog):
     trainer, *_ = make_trainer()
-    with caplog.at_level("INFO", logger="opto.trainer.minibatch"):
+    with caplog.at_level("INFO", logger="opto.trainer.session"):
         trainer.train(ExactMatchGuide(), dataset([0, 1]), **TRAIN)
-    lines = [r.getMessage() for r in caplog.records if r.name == "opto.trainer.minibatch" and "so far" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.name == "opto.trainer.session" and "so far" in r.getMessage()]
     assert len(lines) == 2
     assert lines[0].startswith("step 1 (epoch 0): score 0.000, accepted (candidate 1.000);") and "calls" in lines[0]
 

@@ -32,7 +32,8 @@ class FinalCheck:
         fraction: the share of the training data reserved for the check when there is
             enough of it (`min_data` examples or more): at least `min_size`, at most
             `max_size` examples, drawn with the run's seed.
-        min_size, max_size: bounds of the reserved split.
+        min_size: the fewest examples reserved.
+        max_size: the most examples reserved.
         min_data: training examples below which nothing is reserved; the check then runs
             the agent again on the training examples (`repeats` times each).
         alpha: the level of the one-sided paired test "the returned values are no better

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
 import logging
-import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+from pydantic import BaseModel, Field
 
 from .._util.async_tools import run_sync
 from .._util.files import atomic_write_json
@@ -26,46 +21,25 @@ from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import AsyncioExecutor, RolloutExecutor
 from ..llm.base import Model
 from ..llm.errors import BudgetExceeded
-from ..llm.usage import Budget, UsageStats, budget_scope, meter_usage
-from ..run.callbacks import Callback, CallbackList, deliver_step
-from ..run.events import LedgerEvent, RolloutEvent, StepRecord
+from ..llm.usage import Budget, UsageStats, meter_usage
+from ..run.callbacks import Callback, CallbackList
+from ..run.events import RolloutEvent, StepRecord
 from ..run.ledger import Checkpoint, RunDir, RunDirWriter
 from ..run.results import EvalResult, FinalCheckResult, TrainResult
-from ..search.stopping import RunProgress, StopCondition
+from ..search.stopping import StopCondition
+from .context import StepContext
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
 from .estimate import Estimate, PerCall, ask_to_confirm, combine, evaluations, given_per_call, per_unit, steps_of
 from .evaluation import aevaluate
-from .failures import DEFAULT_MAX_FAILURES, FailureLog, TooManyFailures, validate_max_failures
+from .failures import DEFAULT_MAX_FAILURES, TooManyFailures, validate_max_failures
 from .final_check import not_run
 from .options import check_flag, check_int, check_number
 from .resume import open_run
+from .session import Session, TrainOptions, fmt
 
 __all__ = ["Minibatch", "StepContext", "StepOutcome"]
 
 logger = logging.getLogger(__name__)
-
-
-class StepContext(BaseModel):
-    """What one step needs besides its batch."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    step: int
-    epoch: int
-    guide: Guide
-    stepsize: float
-    min_score: float | None
-    verbose: bool
-    max_failures: int | float | None = DEFAULT_MAX_FAILURES
-    rollout_timeout: float | None = None
-    failure_log: FailureLog = Field(default_factory=FailureLog)
-    # What the step has done so far; the loop hands it to the sinks when the step ends.
-    step_record: StepRecord | None = None
-
-    def emit(self, event: LedgerEvent) -> None:
-        """Add an event to this step's record (nothing is written during a step)."""
-        if self.step_record is not None:
-            self.step_record.add(event)
 
 
 class StepOutcome(BaseModel):
@@ -81,14 +55,6 @@ class StepOutcome(BaseModel):
     candidate_score: float | None = None
     update: dict[str, Any] = Field(default_factory=dict)
     note: str = ""
-
-
-def _merge_usage(*parts: dict[str, UsageStats]) -> dict[str, UsageStats]:
-    merged: dict[str, UsageStats] = {}
-    for part in parts:
-        for name, stats in part.items():
-            merged[name] = merged.get(name, UsageStats()) + stats
-    return merged
 
 
 class Minibatch:
@@ -467,10 +433,10 @@ class Minibatch:
         check_number("rollout_timeout", rollout_timeout, low=0.0, open_low=True, none_ok=True)
         estimate = None
         if confirm is not False:
-            options = {"batch_size": batch_size, "num_epochs": num_epochs, "test_dataset": test_dataset,
+            sizing = {"batch_size": batch_size, "num_epochs": num_epochs, "test_dataset": test_dataset,
                        "eval_frequency": eval_frequency, "stepsize": stepsize, "seed": seed, "shuffle": shuffle,
                        "min_score": min_score, "rollout_timeout": rollout_timeout, "budget": budget}  # fmt: skip
-            estimate = await self.aestimate(guide, train_dataset, **options)
+            estimate = await self.aestimate(guide, train_dataset, **sizing)
             ask_to_confirm(estimate, confirm)
         started = time.monotonic()
         train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,
@@ -494,6 +460,28 @@ class Minibatch:
         self._progress = progress
         run = RunDir(run_dir) if run_dir is not None else None
         state = self._start_state(run, resume, loader, config)
+        writer = self._writer(run, state, estimate)
+        self.load_state_dict(state.trainer_state)
+        observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
+        self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
+        options = TrainOptions(
+            stepsize=stepsize, num_epochs=num_epochs, batch_size=batch_size, eval_frequency=eval_frequency,
+            log_frequency=log_frequency, min_score=min_score, verbose=verbose, run_dir=run_dir, resume=resume,
+            seed=seed, shuffle=shuffle, progress=progress, max_failures=max_failures,
+            rollout_timeout=rollout_timeout, stop=stop, budget=budget,
+        )  # fmt: skip
+        session = Session(self, guide, options, loader, test, run, writer, state, observers, started=started)
+        await session.run_all()
+        result = session.result()
+        observers.call("on_train_end", result)
+        _log_end(result)
+        if session.failure is not None:  # saved; the caller's script must not go on as if it had trained
+            raise _stopped_by_failures(session.failure, result, run_dir) from session.failure
+        return result
+
+    def _writer(self, run: RunDir | None, state: Checkpoint, estimate: Estimate | None) -> RunDirWriter | None:
+        """The run directory's writer (None without one), with the starting values and the
+        estimate kept before anything else: a folder with run files always has a checkpoint."""
         writer = None
         if run is not None:  # resume checked that the ledger holds the records the checkpoint counts
             written = state.ledger_records if state.ledger_records is not None else len(run.ledger())
@@ -503,160 +491,9 @@ class Minibatch:
         if not state.initial_parameters:
             state.initial_parameters = self.agent.stored_values()
             state.parameters = dict(state.initial_parameters)
-            if writer is not None:  # first of all: a folder with run files always has a checkpoint
+            if writer is not None:
                 writer.save_checkpoint(state)
-        self.load_state_dict(state.trainer_state)
-        prior_usage = dict(state.usage)
-        observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
-
-        bar = tqdm(
-            total=num_epochs * len(loader),
-            initial=state.step,
-            disable=not progress,
-            desc=type(self).__name__,
-            unit="step",
-        )
-        failure_log = FailureLog()
-
-        def context(step: int, epoch: int) -> StepContext:
-            return StepContext(
-                step=step,
-                epoch=epoch,
-                guide=guide,
-                stepsize=stepsize,
-                min_score=min_score,
-                verbose=verbose,
-                max_failures=max_failures,
-                rollout_timeout=rollout_timeout,
-                failure_log=failure_log,
-                step_record=StepRecord(step=step, epoch=epoch),
-            )
-
-        async def evaluate_now(ctx: StepContext, final: bool = False) -> float | None:
-            result = await self._evaluate(test, ctx)  # type: ignore[arg-type]
-            if run is not None:
-                run.log_evaluation(ctx.step, result.rollouts, final=final)
-            observers.call("on_evaluate_end", ctx.step, result)
-            state.test_intervals[ctx.step] = [result.interval.low, result.interval.high] if result.interval else None
-            state.test_failed[ctx.step] = result.n_failed
-            return result.mean
-
-        async def finish_step(ctx: StepContext) -> None:
-            """Evaluate if due (and not done before an interrupted write), then write the
-            step's metrics line: the step is done."""
-            due = test is not None and eval_frequency and state.step % eval_frequency == 0
-            if due and not (state.test_scores and state.test_scores[-1][0] == state.step):
-                state.test_scores.append((state.step, await evaluate_now(ctx)))
-            state.usage = _merge_usage(prior_usage, meter.by_model)
-            self._save(writer, state, started)
-
-        self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
-        stopped: str | None = None
-        failure: TooManyFailures | None = None
-        unfinished: StepContext | None = None
-        # With bars on screen, log lines (warnings, the per-step line) are written above them.
-        with (
-            meter_usage() as meter,
-            logging_redirect_tqdm() if progress else contextlib.nullcontext(),
-            budget_scope(budget) if budget is not None else contextlib.nullcontext(),
-            stop_on_sigterm() as terminated,
-        ):
-            try:
-                if test is not None and state.step == 0 and not state.test_scores:
-                    state.test_scores.append((0, await evaluate_now(context(0, 0))))
-                    if writer is not None:
-                        writer.save_checkpoint(state)
-                if state.pending_metrics is not None and state.pending_metrics.get("final"):
-                    self._save(writer, state, started)  # resumed after the final evaluation, before its line
-                elif state.pending_metrics is not None:  # resumed inside the evaluation after a step
-                    await finish_step(context(state.step, state.epoch))
-                for epoch, _, batch in loader.iter_batches(num_epochs):
-                    if stop is not None:
-                        state.usage = _merge_usage(prior_usage, meter.by_model)
-                        stopped = stop.check(_progress(state, started, self.reserved_calls()))
-                        if stopped is not None:
-                            logger.info("training stops before step %d: %s", state.step + 1, stopped)
-                            break
-                    ctx = unfinished = context(state.step + 1, epoch)
-                    record = await self.step(batch, ctx)
-                    unfinished = None
-                    self._account(state, ctx, record, loader)
-                    self._track_best(state, record)
-                    # The step's work is kept before its evaluation, so a stop there loses nothing.
-                    state.usage = _merge_usage(prior_usage, meter.by_model)
-                    if writer is not None:
-                        deliver_step(writer, record)
-                        writer.save_checkpoint(state)
-                    deliver_step(observers, record)
-                    await finish_step(ctx)
-                    bar.update(1)
-                    failed = sum(state.train_failed)
-                    bar.set_postfix(score=_fmt(record.score), accepted=f"{state.accepted}/{state.step}",
-                                    **({"failed": failed} if failed else {}))  # fmt: skip
-                    if log_frequency and state.step % log_frequency == 0:
-                        spent = sum(state.usage.values(), UsageStats())
-                        decision = {True: "accepted", False: "rejected", None: "no candidate"}[record.accepted]
-                        logger.info(
-                            "step %d (epoch %d): score %s, %s (candidate %s); %d calls, %d tokens, $%.4f so far",
-                            state.step,
-                            epoch,
-                            _fmt(record.score),
-                            decision,
-                            _fmt(record.candidate_score),
-                            spent.calls,
-                            spent.total_tokens,
-                            spent.cost_usd,
-                        )
-                changed = self.finish()
-                changed = await self._final_check_phase(state, context(state.step, state.epoch)) or changed
-                state.parameters = self.agent.stored_values()
-                if writer is not None:
-                    writer.save_checkpoint(state)
-                if test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
-                    final = await evaluate_now(context(state.step, state.epoch), final=True)
-                    if state.test_scores and state.test_scores[-1][0] == state.step:
-                        state.test_scores.pop()  # measured before the final values were chosen
-                    state.test_scores.append((state.step, final))
-                    state.final_evaluations.append(state.step)
-                    state.pending_metrics = {
-                        "step": state.step,
-                        "final": True,
-                        "test_score": final,
-                        "test_interval": state.test_intervals.get(state.step),
-                    }
-                    if writer is not None:  # the evaluation is kept before its line is written
-                        writer.save_checkpoint(state)
-                    self._save(writer, state, started)
-                state.finished = True
-            except BudgetExceeded as exc:
-                stopped = f"budget exceeded: {exc}"
-                logger.warning("training stopped after step %d: %s", state.step, stopped)
-            except TooManyFailures as exc:
-                stopped = f"too many failures: {exc}"
-                failure = exc
-                logger.error("training stopped after step %d: %s", state.step, stopped)
-            except asyncio.CancelledError:
-                if not terminated:
-                    raise
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                stopped = "SIGTERM"
-                logger.warning("training stopped by SIGTERM after step %d (saved; resume=True continues)", state.step)
-            finally:
-                bar.close()
-                state.usage = _merge_usage(prior_usage, meter.by_model)
-                if writer is not None:
-                    _save_on_exit(writer, state, unfinished.step_record if unfinished else None)
-        unchecked = None
-        if not state.finished and state.final_check is None:
-            unchecked = self._not_checked(state, stopped)
-        result = self._result(state, stopped, run, started)
-        if unchecked is not None:
-            result.final_check = unchecked
-        observers.call("on_train_end", result)
-        _log_end(result)
-        if failure is not None:  # saved above; the caller's script must not go on as if it had trained
-            raise _stopped_by_failures(failure, result, run_dir) from failure
-        return result
+        return writer
 
     def _start_state(self, run: RunDir | None, resume: bool, loader: DataLoader, config: dict[str, Any]) -> Checkpoint:
         if run is None:
@@ -825,78 +662,13 @@ def models_in(root: Any, depth: int = 6) -> list[Model]:
     return list(found.values())
 
 
-def _progress(state: Checkpoint, started: float, reserved_calls: int = 0) -> RunProgress:
-    total = sum(state.usage.values(), UsageStats())
-    best = state.best or {}
-    return RunProgress(
-        step=state.step,
-        calls=total.calls,
-        cost_usd=total.cost_usd,
-        seconds=time.monotonic() - started,
-        best_score=best.get("score"),
-        best_step=best.get("step", 0),
-        reserved_calls=0 if state.final_check is not None else reserved_calls,
-    )
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[list[bool]]:
-    """While training in the main thread, SIGTERM cancels the run's task (which saves and
-    returns); a handler the program set itself is left alone. Yields whether it came."""
-    came: list[bool] = []
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-
-    def stop() -> None:
-        came.append(True)
-        if task is not None:
-            task.cancel()
-
-    try:
-        if task is None or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            raise RuntimeError("not ours to handle")
-        loop.add_signal_handler(signal.SIGTERM, stop)
-    except (RuntimeError, ValueError, NotImplementedError):  # another thread, another handler, Windows
-        yield came
-        return
-    try:
-        yield came
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
-def _save_on_exit(writer: RunDirWriter, state: Checkpoint, unfinished: StepRecord | None) -> None:
-    """Keep what the run did, whatever stopped it, and never more than the files hold: a
-    checkpoint that counted a step whose ledger records are not written would lose them
-    for good, so then the last saved checkpoint stays and resume redoes the step."""
-    try:
-        writer.keep_unfinished(unfinished)  # an unfinished step: resume discards and redoes it
-    except Exception as exc:
-        if writer.owes(state.step):
-            logger.error(
-                "could not write step %d's ledger records to %s (%s): the checkpoint stays at the last "
-                "saved step, and resume=True redoes step %d",
-                state.step,
-                writer.run.ledger_path,
-                exc,
-                state.step,
-            )
-            return
-        logger.error(
-            "could not write the unfinished step's ledger records to %s (%s); resume redoes that step",
-            writer.run.ledger_path,
-            exc,
-        )
-    writer.save_checkpoint(state)
-
-
 def _log_end(result: TrainResult) -> None:
     """The run's last lines: scores with their failed examples, and the diagnosis if any."""
     if result.test_scores:
         logger.info(
             "test score: %s -> %s%s",
-            _fmt(result.initial_test_score),
-            _fmt(result.final_test_score),
+            fmt(result.initial_test_score),
+            fmt(result.final_test_score),
             f" ({result.final_test_failed} failed examples scored as min_score)" if result.final_test_failed else "",
         )
     if sum(result.train_failed):
@@ -917,7 +689,3 @@ def _stopped_by_failures(failure: TooManyFailures, result: TrainResult, run_dir:
     error = TooManyFailures(f"{failure}; {how}")
     error.result = result  # what the run did before it stopped
     return error
-
-
-def _fmt(score: float | None) -> str:
-    return "n/a" if score is None else f"{score:.3f}"

@@ -97,7 +97,7 @@ def test_the_estimate_predicts_the_runs_calls_tokens_and_dollars_within_a_quarte
     spent = {name: m.usage.calls - measuring[name].calls for name, m in llms.items()}
     roles = estimate.by_role
     by_model = {
-        "agent": roles["agent"].calls + roles["validation"].calls + roles["test"].calls,
+        "agent": roles["agent"].calls + roles["validation"].calls + roles["check"].calls + roles["test"].calls,
         "optimizer": roles["optimizer"].calls,
         "aggregator": roles["aggregator"].calls,
     }

@@ -255,3 +255,23 @@ def test_decisions_record_what_was_quoted(tmp_path):
     trainer.train(ExactMatchGuide(), data, batch_size=4, shuffle=False, run_dir=tmp_path, progress=False)
     quoted = [r["quoted"] for r in RunDir(tmp_path).ledger() if r["type"] == "decision" and r.get("quoted")]
     assert quoted and quoted[0] == {"q0": "its answer 'answer-q0'"}
+
+
+def test_a_checked_run_resumed_for_more_epochs_goes_on_from_the_search_values_and_checks_again(tmp_path):
+    calls = iter(range(10**6))
+
+    def once(messages: list[dict[str, Any]]) -> str:  # HARM on the first call, then no change
+        suggestion = {"prompt": HARM} if next(calls) == 0 else {}
+        return json.dumps({"reasoning": "r", "suggestion": suggestion})
+
+    def trainer() -> AggregatedUpdate:
+        return AggregatedUpdate(Adder(), Optimizer(ScriptedModel(once, name="brain")), validation="none")
+
+    first = trainer().train(ExactMatchGuide(), sums(16), batch_size=4, run_dir=tmp_path, progress=False)
+    assert first.final_check.returned == "start" and first.final_check.step == 4
+    assert json.loads((tmp_path / "agent.json").read_text()) == {"prompt": "Answer."}  # what a user loads
+    again = trainer().train(ExactMatchGuide(), sums(16), batch_size=4, run_dir=tmp_path, resume=True,
+                            num_epochs=2, progress=False)  # fmt: skip
+    assert again.steps == 8 and again.final_check.step == 8
+    assert again.final_check.search_parameters == {"prompt": HARM}  # not restarted from the returned start
+    assert again.final_parameters == {"prompt": "Answer."}

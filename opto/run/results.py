@@ -63,7 +63,7 @@ class FinalCheckResult(BaseModel):
     not) or "start". `search_score` is the final values' score on the examples the search
     decided on, `gap` that minus `final_score`: how much of the search's measured gain did
     not hold on the check. `search_parameters` are the values the search ended with,
-    kept whatever was returned.
+    kept whatever was returned; `parameters` the values returned.
     """
 
     kind: str
@@ -86,6 +86,10 @@ class FinalCheckResult(BaseModel):
     gap: float | None = None
     reason: str = ""
     search_parameters: dict[str, Any] = Field(default_factory=dict)
+    # The values returned, and the step after which the check ran (a resumed run that
+    # makes more steps checks again; one that makes none returns these).
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    step: int = 0
 
     def summary(self) -> str:
         """One line: what was returned and on what evidence."""

@@ -395,6 +395,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         candidate come on top."""
         return 2 * len(self._final_check_examples()) if self.final_check is not None else 0
 
+    def check_rollouts(self) -> int:
+        """The noise probe (its examples twice) and the final check's first look."""
+        if self.final_check is None:
+            return 0
+        return 2 * min(self.final_check.probe, len(self._train_examples)) + self.reserved_calls()
+
     def _final_check_examples(self) -> list[Example]:
         """The reserved examples, or (none reserved) every training and validation example once."""
         if self._check_examples:

@@ -25,7 +25,7 @@ from ..llm.usage import Budget, UsageStats
 __all__ = ["Estimate", "RoleEstimate", "RunNotConfirmed", "ask_on_terminal", "ask_to_confirm"]
 
 #: The parts of a run an estimate is broken into.
-ROLES = ("agent", "optimizer", "aggregator", "validation", "test")
+ROLES = ("agent", "optimizer", "aggregator", "validation", "check", "test")
 
 
 class RunNotConfirmed(OptoError):

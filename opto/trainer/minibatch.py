@@ -107,26 +107,33 @@ class Minibatch:
         return None
 
     async def _final_check_phase(self, state: Checkpoint, ctx: StepContext) -> bool:
-        """Run `check_final` once (a resumed run keeps its result) and apply the values it
-        returns; True if they differ from the search's."""
-        if state.final_check is not None:
-            return False
+        """Run `check_final` and apply the values it returns; True if they differ from the
+        search's. A resumed run that made no step since its check returns what it did."""
         final = self.agent.stored_values()
-        best = (state.best or {}).get("parameters")
-        fallback = {**final, **best} if best else None
-        if fallback in (final, state.initial_parameters):
-            fallback = None
-        try:
-            found = await self.check_final(ctx, dict(state.initial_parameters), final, fallback)
-        except BudgetExceeded as exc:
-            reason = f"the budget ran out during the check ({exc}); the start is returned"
-            found = (not_run(reason, final), dict(state.initial_parameters))
+        done = state.final_check
+        if done is not None and done.get("step") == state.step and done.get("search_parameters") == final:
+            found: tuple[FinalCheckResult, dict[str, Any]] | None = (
+                FinalCheckResult.model_validate(done),
+                {**final, **done.get("parameters", {})},
+            )
+        else:
+            best = (state.best or {}).get("parameters")
+            fallback = {**final, **best} if best else None
+            if fallback in (final, state.initial_parameters):
+                fallback = None
+            try:
+                found = await self.check_final(ctx, dict(state.initial_parameters), final, fallback)
+            except BudgetExceeded as exc:
+                reason = f"the budget ran out during the check ({exc}); the start is returned"
+                found = (not_run(reason, final), dict(state.initial_parameters))
         if found is None:
             return False
         result, values = found
+        result = result.model_copy(update={"parameters": values, "step": state.step})
+        if done is None or result != FinalCheckResult.model_validate(done):
+            changed_nothing = result.returned == "final" or final == state.initial_parameters
+            (logger.info if changed_nothing else logger.warning)("%s", result.summary())
         state.final_check = result.model_dump(mode="json")
-        changed_nothing = result.returned == "final" or final == state.initial_parameters
-        (logger.info if changed_nothing else logger.warning)("%s", result.summary())
         if values == final:
             return False
         self.agent.apply(values)
@@ -147,6 +154,10 @@ class Minibatch:
     def has_final_check(self) -> bool:
         """Whether `check_final` checks anything (False here)."""
         return False
+
+    def check_rollouts(self) -> int:
+        """The rollouts a run makes outside its steps to check what it returns (none here)."""
+        return 0
 
     def reserved_calls(self) -> int:
         """Calls `check_final` is expected to make at the fewest (none here), which stop
@@ -212,7 +223,8 @@ class Minibatch:
     ) -> Estimate:
         """What `train(guide, train_dataset, **train_options)` is expected to spend:
         calls, tokens and dollars, in total and by role (agent, optimizer, aggregator,
-        validation, test), with its assumptions and the budgets it would exceed.
+        validation, check: the noise probe and the final check's first look, test), with
+        its assumptions and the budgets it would exceed.
 
         The calls are counted from the settings (steps x each step's calls, the test
         evaluations); their tokens are measured on `sample` examples of the first batch
@@ -258,6 +270,7 @@ class Minibatch:
         by_role = {
             "agent": agent.times(counts.get("rollouts", 0)),
             "validation": agent.times(counts.get("validation", 0)),
+            "check": agent.times(self.check_rollouts()),
             "test": agent.times(evals * len(test)),
         }
         for role, what in (("optimizer", "proposals"), ("aggregator", "aggregation")):
@@ -500,7 +513,12 @@ class Minibatch:
             if resume:
                 raise OptoValueError("resume=True needs run_dir: the folder of the run to continue")
             return Checkpoint(config=config)
-        return open_run(run, self.agent, loader, config, resume, extra_keys=tuple(self.extra_config))
+        state = open_run(run, self.agent, loader, config, resume, extra_keys=tuple(self.extra_config))
+        searched = (state.final_check or {}).get("search_parameters")
+        if searched and searched != state.parameters:  # a checked run goes on from the search's own values
+            self.agent.apply(searched)
+            state.parameters = self.agent.stored_values()
+        return state
 
     async def _evaluate(self, test: list[Example], ctx: StepContext) -> EvalResult:
         return await aevaluate(

@@ -54,6 +54,22 @@ class LandscapeAdapter:
         return {name: records for name in components_to_update}
 
 
+def scripted_reflection(landscape: Landscape, seed: int, calls: list[int]) -> Any:
+    """GEPA's `reflection_lm`: the landscape's scripted optimizer reading GEPA's reflection
+    prompt (the component named in front, its current text in the first code block); each
+    call counted in `calls[0]`."""
+
+    def reflection_lm(prompt: str) -> str:
+        calls[0] += 1
+        name = _COMPONENT.search(prompt).group(1)
+        blocks = _BLOCK.findall(prompt)
+        current = blocks[0].strip() if blocks else ""
+        proposal = landscape.reflect({name: current}, failures_in(prompt), seed)
+        return f"```\n{proposal.get(name, current)}\n```"
+
+    return reflection_lm
+
+
 def run_gepa(landscape: Landscape, seed: int, budget: int, *, use_merge: bool = False) -> list[tuple[int, float]]:
     """(calls so far, expected score of the candidate GEPA would return) after each iteration."""
     gepa = _import_gepa()
@@ -63,13 +79,7 @@ def run_gepa(landscape: Landscape, seed: int, budget: int, *, use_merge: bool = 
     calls = [0]
     curve: list[tuple[int, float]] = []
 
-    def reflection_lm(prompt: str) -> str:
-        calls[0] += 1
-        name = _COMPONENT.search(prompt).group(1)
-        blocks = _BLOCK.findall(prompt)
-        current = blocks[0].strip() if blocks else ""
-        proposal = landscape.reflect({name: current}, failures_in(prompt), seed)
-        return f"```\n{proposal.get(name, current)}\n```"
+    reflection_lm = scripted_reflection(landscape, seed, calls)
 
     def stop(state: Any) -> bool:
         means = [statistics.fmean(s.values()) if s else float("-inf") for s in state.prog_candidate_val_subscores]

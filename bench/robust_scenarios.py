@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from landscapes import ACCURACY, ITEM, LANDSCAPES, RULE, Landscape, Rules
+from search import aggregator_reply as search_aggregator_reply
 
 from opto import ExactMatchGuide, Feedback
 
@@ -185,31 +186,10 @@ class NoisyJudge(ExactMatchGuide):
 
 
 def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], str]:
-    """`bench/search.py`'s careless merge (every suggestion's changes in order, the later
-    winning, each changed entry moved to the front), made to keep copied examples: a rule
-    replaces its class's rule, a copy is its own entry. On rules alone it is that merge."""
-
-    def key(entry: tuple[int, str, str]) -> Any:
-        return entry if entry[1] == "copy" else entry[0]
-
-    def reply(messages: list[dict[str, Any]]) -> str:
-        blocks = re.split(r"# Suggestion \d+", messages[-1]["content"])[1:]
-        suggestion = {}
-        for name in landscape.parts:
-            values = [json.loads(found.group(1)) for block in blocks
-                      if (found := re.search(rf'"{name}": (".*")', block))]
-            if not values:
-                continue
-            merged = entries_of(values[0])
-            for value in values[1:]:
-                current = {key(e): e for e in merged}
-                for entry in reversed(entries_of(value)):
-                    if current.get(key(entry)) != entry:
-                        merged = [entry, *[e for e in merged if key(e) != key(entry)]]
-            suggestion[name] = text_of(merged)
-        return json.dumps({"reasoning": "all changes", "suggestion": suggestion})
-
-    return reply
+    """`bench/search.py`'s careless merge, made to keep copied examples: a rule replaces its
+    class's rule, a copy is its own entry. On rules alone it is that merge."""
+    return search_aggregator_reply(landscape, entries_of, text_of,
+                                   lambda entry: entry if entry[1] == "copy" else entry[0])
 
 
 SCENARIOS = {s.name: s for s in [

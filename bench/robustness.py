@@ -68,8 +68,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gepa_rows import _BLOCK, _COMPONENT, LandscapeAdapter, _import_gepa, _Quiet  # noqa: E402
-from landscapes import failures_in  # noqa: E402
+from gepa_rows import LandscapeAdapter, _import_gepa, _Quiet, scripted_reflection  # noqa: E402
 from robust_scenarios import SCENARIOS, NoisyJudge, Scenario, aggregator_reply  # noqa: E402
 from search import Counted, RuleAgent, optimizer_reply, without_class  # noqa: E402
 
@@ -137,13 +136,7 @@ def run_gepa(scenario: Scenario, seed: int, budget: int) -> Outcome:
 
     landscape, calls = scenario.landscape, [0]
 
-    def reflection_lm(prompt: str) -> str:
-        calls[0] += 1
-        name = _COMPONENT.search(prompt).group(1)
-        blocks = _BLOCK.findall(prompt)
-        current = blocks[0].strip() if blocks else ""
-        proposal = landscape.reflect({name: current}, failures_in(prompt), seed)
-        return f"```\n{proposal.get(name, current)}\n```"
+    reflection_lm = scripted_reflection(landscape, seed, calls)
 
     template = InstructionProposalSignature.default_prompt_template
     result = gepa.optimize(

@@ -102,9 +102,12 @@ def optimizer_reply(landscape: Landscape, seed: int) -> Callable[[list[dict[str,
     return reply
 
 
-def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], str]:
+def aggregator_reply(landscape: Landscape, parse: Callable[[str], list[Any]] = rules_of,
+                     render: Callable[[list[Any]], str] = prompt_of,
+                     key: Callable[[Any], Any] = lambda rule: rule[0]) -> Callable[[list[dict[str, Any]]], str]:
     """A careless merge: every suggestion's changes in order, the later winning, each changed
-    rule moved to the front."""
+    entry moved to the front (`parse` reads a part's entries, `render` writes them, `key`
+    says which entries replace each other: a rule replaces its class's rule)."""
 
     def reply(messages: list[dict[str, Any]]) -> str:
         blocks = re.split(r"# Suggestion \d+", messages[-1]["content"])[1:]
@@ -114,13 +117,13 @@ def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], s
                       if (found := re.search(rf'"{name}": (".*")', block))]
             if not values:
                 continue
-            merged = rules_of(values[0])
+            merged = parse(values[0])
             for value in values[1:]:
-                current = {c: (quality, tag) for c, quality, tag in merged}
-                for c, quality, tag in reversed(rules_of(value)):
-                    if current.get(c) != (quality, tag):
-                        merged = [(c, quality, tag), *[r for r in merged if r[0] != c]]
-            suggestion[name] = prompt_of(merged)
+                current = {key(entry): entry for entry in merged}
+                for entry in reversed(parse(value)):
+                    if current.get(key(entry)) != entry:
+                        merged = [entry, *[e for e in merged if key(e) != key(entry)]]
+            suggestion[name] = render(merged)
         return json.dumps({"reasoning": "all changes", "suggestion": suggestion})
 
     return reply

@@ -179,7 +179,12 @@ class Session:
         changed = await trainer._final_check_phase(state, self.context(state.step, state.epoch)) or changed
         state.parameters = trainer.agent.stored_values()
         self._checkpoint()
-        if self.test is not None and (changed or not state.test_scores or state.test_scores[-1][0] != state.step):
+        measured = bool(state.final_evaluations) and state.final_evaluations[-1] == state.step  # a finished run resumed
+        if (
+            self.test is not None
+            and not measured
+            and (changed or not state.test_scores or state.test_scores[-1][0] != state.step)
+        ):
             final = await self.evaluate(self.context(state.step, state.epoch), final=True)
             if state.test_scores and state.test_scores[-1][0] == state.step:
                 state.test_scores.pop()  # measured before the final values were chosen

@@ -74,11 +74,6 @@ __all__ = ["AggregatedUpdate", "InstanceOutput"]
 
 logger = logging.getLogger(__name__)
 
-# validation="auto" on training data too small to split: a paired test on the batch at
-# this level (a clean sweep of 4 examples passes it; smaller batches are judged by a
-# strict win, see MinibatchValidation).
-SMALL_DATA_ALPHA = 0.1
-
 
 class AggregatedUpdate(TraceCompatible, Minibatch):
     """Propose per instance, aggregate, validate, accept or roll back.
@@ -103,9 +98,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
         final_check: how `train()` checks the values it returns against the start
-            (`opto.search.FinalCheck`: a fifth of the training data reserved before the
-            run, at least 12 examples, from 48 examples up; below that the agent run again
-            on the training examples; a one-sided paired test at 0.1). Values not shown
+            (`opto.search.FinalCheck`: a quarter of the training data reserved before the
+            run, at least 16 examples, from 96 examples up; below that the agent run again
+            on the training and validation examples; a one-sided paired test at 0.1). Values not shown
             better are not returned: the run's best validated values if they are, else
             the start (`TrainResult.final_check`). None: return the search's values unchecked.
         improvement_threshold: a candidate must beat the current mean by more than this.

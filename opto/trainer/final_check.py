@@ -28,7 +28,7 @@ from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
 from ..search.final_check import FinalCheck
 
-__all__ = ["NoiseProbe", "check_final_values", "probe_noise"]
+__all__ = ["NoiseProbe", "Runner", "check_final_values", "not_run", "probe_noise"]
 
 logger = logging.getLogger(__name__)
 

@@ -961,3 +961,31 @@ def test_the_evaluation_shows_its_own_progress(capsys):
     err = capsys.readouterr().err
     assert "evaluation" in err and "4/4" in err and "mean=0.500" in err
     assert result.mean == 0.5
+
+
+def test_models_are_found_without_entering_modules_or_tripping_on_attributes_that_change():
+    import types
+
+    from opto.trainer.minibatch import models_in
+
+    inner = ScriptedModel(agent_reply, name="inside-a-module")
+    module = types.ModuleType("a_client_library")
+    module.default_model = inner  # a library's own model: not the agent's
+
+    class Parent:
+        pass
+
+    class Restless:  # reading its attributes adds one to its parent (as a lazy import does)
+        def __init__(self, parent):
+            self.parent = parent
+
+        @property
+        def __dict__(self):
+            self.parent.added = object()
+            return {"parent": self.parent}
+
+    owned = ScriptedModel(agent_reply, name="owned")
+    holder = Parent()
+    holder.library, holder.model = module, owned
+    holder.restless = Restless(holder)
+    assert [m.name for m in models_in(holder)] == ["owned"]

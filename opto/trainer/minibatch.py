@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -656,25 +657,31 @@ def _train_options(atrain: Callable[..., Any], given: Mapping[str, Any]) -> dict
 
 
 def models_in(root: Any, depth: int = 6) -> list[Model]:
-    """The opto `Model`s reachable from `root`'s attributes, lists and dicts (each once)."""
+    """The opto `Model`s reachable from `root`'s attributes, lists and dicts (each once).
+
+    Modules are not entered (an adapter that holds `litellm` owns none of its models),
+    and each container is read from a copy: looking at an object may change another's
+    attributes (lazy imports), which must not break the walk."""
     found: dict[int, Model] = {}
     seen: set[int] = set()
 
     def walk(value: Any, left: int) -> None:
-        if id(value) in seen or left < 0:
+        if id(value) in seen or left < 0 or isinstance(value, (type, types.ModuleType)):
             return
         seen.add(id(value))
         if isinstance(value, Model):
             found[id(value)] = value
-        elif isinstance(value, (list, tuple)):
-            for child in value:
-                walk(child, left - 1)
+            return
+        if isinstance(value, (list, tuple)):
+            children = list(value)
         elif isinstance(value, dict):
-            for child in value.values():
-                walk(child, left - 1)
-        elif hasattr(value, "__dict__") and not isinstance(value, type):
-            for child in vars(value).values():
-                walk(child, left - 1)
+            children = list(value.values())
+        elif hasattr(value, "__dict__"):
+            children = list(vars(value).values())
+        else:
+            return
+        for child in children:
+            walk(child, left - 1)
 
     walk(root, depth)
     return list(found.values())

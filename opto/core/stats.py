@@ -135,6 +135,15 @@ def _sign_test_p(wins: int, discordant: int) -> float:
     return float(sum(math.comb(discordant, k) for k in range(wins, discordant + 1)) / 2**discordant)
 
 
+def sign_test_mid_p(wins: int, discordant: int) -> float:
+    """The sign test's mid-p value: `_sign_test_p` less half the probability of exactly
+    `wins`. The exact p is conservative on few discordant pairs (3 won of 3: 0.125); the
+    mid-p (0.0625) keeps the level close to nominal (Fagerland et al., 2013)."""
+    if discordant == 0:
+        return 1.0
+    return _sign_test_p(wins, discordant) - 0.5 * math.comb(discordant, wins) / 2**discordant
+
+
 def _bootstrap_means(values: np.ndarray, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(values), size=(_BOOTSTRAP, len(values)))

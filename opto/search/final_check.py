@@ -13,12 +13,11 @@ values and the start are compared example by example with a one-sided paired tes
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.data import Example
 from ..errors import OptoValueError
+from .holdout import seeded_split
 
 __all__ = ["FinalCheck"]
 
@@ -74,16 +73,8 @@ class FinalCheck:
         original order; nothing is reserved from fewer than `min_data` examples."""
         if len(examples) < self.min_data:
             return examples, []
-        size = min(self.max_size, max(self.min_size, round(self.fraction * len(examples))))
-        chosen = set(random.Random(f"opto-final-check|{seed}").sample(range(len(examples)), size))
-        return [e for i, e in enumerate(examples) if i not in chosen], [
-            e for i, e in enumerate(examples) if i in chosen
-        ]
+        return seeded_split(examples, self.fraction, self.min_size, self.max_size, f"opto-final-check|{seed}")
 
     def rounds(self, examples: int) -> int:
         """Rollouts per example at a noisy check's second look."""
         return max(self.repeats, -(-self.min_rollouts // max(1, examples)))
-
-    def describe(self) -> dict[str, Any]:
-        return {"fraction": self.fraction, "min_size": self.min_size, "max_size": self.max_size,
-                "min_data": self.min_data, "alpha": self.alpha, "repeats": self.repeats}  # fmt: skip

@@ -47,11 +47,17 @@ class HoldOut:
         the data is too small to split."""
         if len(examples) < 2 * self.min_size:
             return None
-        size = min(self.max_size, max(self.min_size, round(self.fraction * len(examples))))
-        chosen = set(random.Random(f"opto-holdout|{seed}").sample(range(len(examples)), size))
-        train = [e for i, e in enumerate(examples) if i not in chosen]
-        held = [e for i, e in enumerate(examples) if i in chosen]
-        return train, held
+        return seeded_split(examples, self.fraction, self.min_size, self.max_size, f"opto-holdout|{seed}")
 
     def describe(self) -> dict[str, Any]:
         return {"fraction": self.fraction, "min_size": self.min_size, "max_size": self.max_size}
+
+
+def seeded_split(
+    examples: list[Example], fraction: float, min_size: int, max_size: int, salt: str
+) -> tuple[list[Example], list[Example]]:
+    """(the rest, a share of `fraction` of `examples`, at least `min_size`, at most
+    `max_size`), both in their original order, drawn with a generator seeded by `salt`."""
+    size = min(max_size, max(min_size, round(fraction * len(examples))))
+    chosen = set(random.Random(salt).sample(range(len(examples)), size))
+    return [e for i, e in enumerate(examples) if i not in chosen], [e for i, e in enumerate(examples) if i in chosen]

@@ -10,7 +10,6 @@ agent or judge is noisy: the same values run twice on the same examples disagree
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from ..core.agent import Agent
 from ..core.data import Example
 from ..core.guides import Guide
 from ..core.rollout import Rollout
-from ..core.stats import paired_test
+from ..core.stats import paired_test, sign_test_mid_p
 from ..executors.local import RolloutExecutor
 from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
@@ -201,14 +200,10 @@ async def check_final_values(
 
 
 def _mid_p(before: dict[str, float], after: dict[str, float], keys: list[str]) -> dict[str, Any]:
-    """The sign test's mid-p value (half the probability of the observed count): the exact
-    test's p is conservative on few discordant examples (3 won, none lost gives 0.125),
-    and the mid-p keeps its level close to nominal (Fagerland et al., 2013)."""
+    """The sign test with its mid-p value (`opto.core.stats.sign_test_mid_p`)."""
     wins = sum(after[k] > before[k] for k in keys)
     discordant = wins + sum(after[k] < before[k] for k in keys)
-    above = sum(math.comb(discordant, i) for i in range(wins + 1, discordant + 1))
-    p = (above + 0.5 * math.comb(discordant, wins)) / 2**discordant if discordant else 1.0
-    return {"test": "sign test, mid-p", "p_value": p}
+    return {"test": "sign test, mid-p", "p_value": sign_test_mid_p(wins, discordant)}
 
 
 def not_run(reason: str, final: dict[str, Any]) -> FinalCheckResult:

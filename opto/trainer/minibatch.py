@@ -479,9 +479,8 @@ class Minibatch:
         observers.call("on_train_start", self, {**config, "resumed_at_step": state.step, "run_dir": run_dir})
         self.check_budgets(budget, batch_size, test if state.step == 0 and not state.test_scores else None)
         options = TrainOptions(
-            stepsize=stepsize, num_epochs=num_epochs, batch_size=batch_size, eval_frequency=eval_frequency,
-            log_frequency=log_frequency, min_score=min_score, verbose=verbose, run_dir=run_dir, resume=resume,
-            seed=seed, shuffle=shuffle, progress=progress, max_failures=max_failures,
+            stepsize=stepsize, num_epochs=num_epochs, eval_frequency=eval_frequency, log_frequency=log_frequency,
+            min_score=min_score, verbose=verbose, progress=progress, max_failures=max_failures,
             rollout_timeout=rollout_timeout, stop=stop, budget=budget,
         )  # fmt: skip
         session = Session(self, guide, options, loader, test, run, writer, state, observers, started=started)

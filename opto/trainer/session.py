@@ -22,7 +22,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from tqdm.auto import tqdm
@@ -70,15 +69,10 @@ class TrainOptions:
 
     stepsize: float
     num_epochs: int
-    batch_size: int
     eval_frequency: int | None
     log_frequency: int | None
     min_score: float | None
     verbose: bool
-    run_dir: str | Path | None
-    resume: bool
-    seed: int
-    shuffle: bool
     progress: bool
     max_failures: int | float | None
     rollout_timeout: float | None

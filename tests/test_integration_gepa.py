@@ -64,8 +64,8 @@ def test_a_gepa_adapter_improves_under_opto_and_the_run_keeps_its_ledger(tmp_pat
     adapter = CapitalsAdapter()
     seed = {"instructions": "Known countries:", "style": "Answer fully."}
     found = optimize(
-        adapter, seed, data(list(CAPITALS)[:6]), data(list(CAPITALS)), model=ScriptedModel(optimizer_reply),
-        batch_size=3, num_epochs=2, run_dir=tmp_path / "run",
+        seed, data(list(CAPITALS)[:6]), data(list(CAPITALS)), adapter, reflection_lm=ScriptedModel(optimizer_reply),
+        num_epochs=2, run_dir=tmp_path / "run",
     )  # fmt: skip
     assert found.seed_candidate == seed and set(found.best_candidate) == {"instructions", "style"}
     assert "one word" in found.best_candidate["style"] and found.changed == ["instructions", "style"]
@@ -75,15 +75,16 @@ def test_a_gepa_adapter_improves_under_opto_and_the_run_keeps_its_ledger(tmp_pat
     assert sum(after) > sum(before) == 0
     rollouts = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "rollout"]
     assert rollouts and {"output", "score", "feedback"} <= set(rollouts[0]["output"])
-    assert any("expected" in r["feedback"] for r in rollouts)  # the reflective records, as feedback
+    proposals = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "proposal"]
+    assert any("expected" in json.dumps(p["prompt_messages"]) for p in proposals)  # the reflective records
 
 
 def test_bad_adapters_seeds_and_options_are_refused_with_what_to_pass():
     model = ScriptedModel(optimizer_reply)
     with pytest.raises(OptoTypeError, match="no make_reflective_dataset"):
-        optimize(object.__new__(type("Half", (), {"evaluate": lambda *a: None})), {"a": "x"}, data(["Peru"]),
+        optimize({"a": "x"}, data(["Peru"]), adapter=object.__new__(type("Half", (), {"evaluate": lambda *a: None})),
                  model=model)  # fmt: skip
     with pytest.raises(OptoValueError, match="seed_candidate"):
-        optimize(CapitalsAdapter(), {}, data(["Peru"]), model=model)
+        optimize({}, data(["Peru"]), adapter=CapitalsAdapter(), model=model)
     with pytest.raises(OptoValueError, match="no option batchsize"):
-        optimize(CapitalsAdapter(), {"instructions": "", "style": ""}, data(["Peru"]), model=model, batchsize=2)
+        optimize({"instructions": "", "style": ""}, data(["Peru"]), adapter=CapitalsAdapter(), model=model, batchsize=2)

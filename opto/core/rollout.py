@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,9 @@ from .parameters import ParameterValues, assign
 
 __all__ = [
     "Rollout",
+    "RolloutCounter",
     "RolloutFields",
+    "count_rollouts",
     "mean_score",
     "run_rollout",
     "run_rollouts",
@@ -80,6 +83,29 @@ class Rollout(RolloutFields):
         record = self.model_dump(mode="json")
         record["instance_id"] = record.pop("example_id")
         return record
+
+
+class RolloutCounter:
+    """How many rollouts (runs of agent and guide: GEPA's "metric calls") a block made."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+_COUNTERS: contextvars.ContextVar[tuple[RolloutCounter, ...]] = contextvars.ContextVar(
+    "opto_rollout_counters", default=()
+)
+
+
+@contextlib.contextmanager
+def count_rollouts() -> Iterator[RolloutCounter]:
+    """Count the rollouts run inside the block, failed and timed-out ones too (counters nest)."""
+    counter = RolloutCounter()
+    token = _COUNTERS.set((*_COUNTERS.get(), counter))
+    try:
+        yield counter
+    finally:
+        _COUNTERS.reset(token)
 
 
 def mean_score(rollouts: Sequence[Rollout]) -> float | None:
@@ -141,6 +167,8 @@ async def _run_one(
                 fields = timeout_fields(timeout, min_score)
     finally:
         close_records(records)
+        for counter in _COUNTERS.get():
+            counter.count += 1
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)

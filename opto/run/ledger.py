@@ -114,6 +114,8 @@ class Checkpoint(BaseModel):
     best_rejected_win: dict[str, Any] | None = None
     # The final check's `FinalCheckResult` once it ran (a resumed run does not run it again).
     final_check: dict[str, Any] | None = None
+    # Rollouts run so far (GEPA's metric calls), earlier sessions included.
+    rollouts: NonNegativeInt = 0
 
     @model_validator(mode="after")
     def _consistent(self) -> Checkpoint:

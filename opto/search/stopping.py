@@ -25,6 +25,7 @@ __all__ = [
     "AnyOf",
     "MaxCalls",
     "MaxCost",
+    "MaxMetricCalls",
     "MaxTime",
     "NoImprovement",
     "RunProgress",
@@ -47,6 +48,9 @@ class RunProgress:
         best_step: the step that reached it (0: the starting values).
         reserved_calls: calls the run keeps for after its last step (the final check's
             first look: the start and the final values once on each of its examples).
+            The check makes one rollout per call counted here.
+        rollouts: rollouts so far (runs of agent and guide, failed ones too): what GEPA
+            calls metric calls.
     """
 
     step: int
@@ -56,6 +60,7 @@ class RunProgress:
     best_score: float | None
     best_step: int
     reserved_calls: int = 0
+    rollouts: int = 0
 
 
 class StopCondition(ABC):
@@ -138,6 +143,25 @@ class MaxCalls(StopCondition):
 
     def __repr__(self) -> str:
         return f"MaxCalls({self.n})"
+
+
+class MaxMetricCalls(StopCondition):
+    """Stops once the run has made `n` rollouts (GEPA's `max_metric_calls`: one per run of
+    the agent and its metric on one example), counting those it keeps for the final check.
+    Checked between steps, as GEPA checks between iterations: the last step may pass `n`
+    by the rollouts it makes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(_positive("MaxMetricCalls", n))
+
+    def check(self, progress: RunProgress) -> str | None:
+        if progress.rollouts + progress.reserved_calls < self.n:
+            return None
+        kept = f" (+{progress.reserved_calls} kept for the final check)" if progress.reserved_calls else ""
+        return f"MaxMetricCalls({self.n}): {progress.rollouts} metric calls made{kept}"
+
+    def __repr__(self) -> str:
+        return f"MaxMetricCalls({self.n})"
 
 
 class MaxCost(StopCondition):

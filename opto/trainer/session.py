@@ -30,6 +30,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..core.agent import Agent
 from ..core.data import DataLoader, Example
 from ..core.guides import Guide
+from ..core.rollout import RolloutCounter, count_rollouts
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageMeter, UsageStats, budget_scope, meter_usage
 from ..run.callbacks import CallbackList, deliver_step
@@ -99,9 +100,11 @@ class Session:
     failure: TooManyFailures | None = None
     _unfinished: StepContext | None = None
     _meter: UsageMeter | None = None
+    _rollouts: RolloutCounter | None = None
 
     def __post_init__(self) -> None:
         self.prior_usage = dict(self.state.usage)
+        self.prior_rollouts = self.state.rollouts
         self.bar = tqdm(
             total=self.options.num_epochs * len(self.loader),
             initial=self.state.step,
@@ -118,6 +121,7 @@ class Session:
         # With bars on screen, log lines (warnings, the per-step line) are written above them.
         with (
             meter_usage() as self._meter,
+            count_rollouts() as self._rollouts,
             logging_redirect_tqdm() if options.progress else contextlib.nullcontext(),
             budget_scope(options.budget) if options.budget is not None else contextlib.nullcontext(),
             stop_on_sigterm() as terminated,
@@ -197,7 +201,7 @@ class Session:
     def close(self) -> None:
         """Keep what the run did, whatever stopped it."""
         self.bar.close()
-        self.state.usage = self.usage()
+        self.tally()
         if self.writer is not None:
             save_on_exit(self.writer, self.state, self._unfinished.step_record if self._unfinished else None)
 
@@ -208,7 +212,7 @@ class Session:
         stop = self.options.stop
         if stop is None:
             return False
-        self.state.usage = self.usage()
+        self.tally()
         self.stopped = stop.check(progress_of(self.state, self.started, self.trainer.reserved_calls()))
         if self.stopped is not None:
             logger.info("training stops before step %d: %s", self.state.step + 1, self.stopped)
@@ -223,7 +227,7 @@ class Session:
         self._unfinished = None
         trainer._account(state, ctx, record, self.loader)
         trainer._track_best(state, record)
-        state.usage = self.usage()
+        self.tally()
         if self.writer is not None:
             deliver_step(self.writer, record)
             self.writer.save_checkpoint(state)
@@ -238,7 +242,7 @@ class Session:
         due = self.test is not None and every and state.step % every == 0
         if due and not (state.test_scores and state.test_scores[-1][0] == state.step):
             state.test_scores.append((state.step, await self.evaluate(ctx)))
-        state.usage = self.usage()
+        self.tally()
         self.trainer._save(self.writer, state, self.started)
 
     def show(self, record: StepRecord, epoch: int) -> None:
@@ -292,6 +296,11 @@ class Session:
         self.state.test_failed[ctx.step] = result.n_failed
         return result.mean
 
+    def tally(self) -> None:
+        """The run's usage and rollouts so far, into the checkpoint's state."""
+        self.state.usage = self.usage()
+        self.state.rollouts = self.prior_rollouts + (self._rollouts.count if self._rollouts is not None else 0)
+
     def usage(self) -> dict[str, UsageStats]:
         """The run's usage so far: earlier sessions' (resume) and this one's."""
         return merge_usage(self.prior_usage, self._meter.by_model if self._meter is not None else {})
@@ -327,6 +336,7 @@ def progress_of(state: Checkpoint, started: float, reserved_calls: int = 0) -> R
         step=state.step,
         calls=total.calls,
         cost_usd=total.cost_usd,
+        rollouts=state.rollouts,
         seconds=time.monotonic() - started,
         best_score=best.get("score"),
         best_step=best.get("step", 0),

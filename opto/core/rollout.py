@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_serializer
+from pydantic_core import PydanticSerializationError
 
 from .._util.async_tools import gather_all
 from .._util.files import json_key
@@ -60,6 +61,15 @@ class RolloutFields(BaseModel):
     cost_usd: float | None = None
     seconds: float | None = None
 
+    @field_serializer("x", "info", "output", mode="wrap", when_used="json")
+    def _as_json(self, value: Any, handler: SerializerFunctionWrapHandler) -> Any:
+        """An agent's own objects (a DSPy prediction, a trajectory) written as JSON where
+        they have a JSON form, else as their text: the ledger never fails on them."""
+        try:
+            return handler(value)
+        except PydanticSerializationError:
+            return readable_json(value)
+
 
 class Rollout(RolloutFields):
     """One run of the agent and the guide on one example.
@@ -106,6 +116,31 @@ def count_rollouts() -> Iterator[RolloutCounter]:
         yield counter
     finally:
         _COUNTERS.reset(token)
+
+
+def readable_json(value: Any, depth: int = 0) -> Any:
+    """`value` as JSON values: pydantic models dumped, `toDict()` objects (DSPy's) as their
+    dicts, containers item by item, anything else as its text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth > 32:
+        return str(value)
+    if isinstance(value, BaseModel):
+        try:
+            return value.model_dump(mode="json")
+        except PydanticSerializationError:
+            return readable_json(dict(value), depth + 1)
+    if isinstance(value, dict):
+        return {str(k): readable_json(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [readable_json(v, depth + 1) for v in value]
+    to_dict = getattr(value, "toDict", None)
+    if callable(to_dict):
+        try:
+            return readable_json(to_dict(), depth + 1)
+        except Exception:  # an object's own conversion failed: its text will do
+            return str(value)
+    return str(value)
 
 
 def mean_score(rollouts: Sequence[Rollout]) -> float | None:

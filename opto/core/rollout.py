@@ -28,10 +28,12 @@ from .guides import Guide
 from .parameters import ParameterValues, assign
 
 __all__ = [
+    "MetricCallsSpent",
     "Rollout",
     "RolloutCounter",
     "RolloutFields",
     "count_rollouts",
+    "uncounted",
     "mean_score",
     "run_rollout",
     "run_rollouts",
@@ -95,11 +97,25 @@ class Rollout(RolloutFields):
         return record
 
 
-class RolloutCounter:
-    """How many rollouts (runs of agent and guide: GEPA's "metric calls") a block made."""
+class MetricCallsSpent(BudgetExceeded):
+    """Rollouts refused before they ran: they would pass the run's metric-call limit
+    (`MaxMetricCalls`); the run ends its search and returns as a finished one does."""
 
-    def __init__(self) -> None:
+
+class RolloutCounter:
+    """How many rollouts (runs of agent and guide: GEPA's "metric calls") a block made;
+    with a `limit`, a group of rollouts that would pass it is refused before it runs."""
+
+    def __init__(self, limit: int | None = None) -> None:
         self.count = 0
+        self.limit = limit
+
+    def admit(self, n: int) -> None:
+        """Raise `MetricCallsSpent` when `n` more rollouts would pass the limit."""
+        if self.limit is not None and self.count + n > self.limit:
+            raise MetricCallsSpent(
+                f"{n} more rollouts would pass the {self.limit} metric calls left ({self.count} made)"
+            )
 
 
 _COUNTERS: contextvars.ContextVar[tuple[RolloutCounter, ...]] = contextvars.ContextVar(
@@ -108,14 +124,30 @@ _COUNTERS: contextvars.ContextVar[tuple[RolloutCounter, ...]] = contextvars.Cont
 
 
 @contextlib.contextmanager
-def count_rollouts() -> Iterator[RolloutCounter]:
-    """Count the rollouts run inside the block, failed and timed-out ones too (counters nest)."""
-    counter = RolloutCounter()
+def count_rollouts(limit: int | None = None) -> Iterator[RolloutCounter]:
+    """Count the rollouts run inside the block, failed and timed-out ones too (counters
+    nest); with `limit`, refuse those that would pass it (`RolloutCounter.admit`)."""
+    counter = RolloutCounter(limit)
     token = _COUNTERS.set((*_COUNTERS.get(), counter))
     try:
         yield counter
     finally:
         _COUNTERS.reset(token)
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Rollouts inside the block are not metric calls (a test-set evaluation)."""
+    token = _COUNTERS.set(())
+    try:
+        yield
+    finally:
+        _COUNTERS.reset(token)
+
+
+def _admit(n: int) -> None:
+    for counter in _COUNTERS.get():
+        counter.admit(n)
 
 
 def readable_json(value: Any, depth: int = 0) -> Any:
@@ -165,6 +197,7 @@ async def run_rollout(
     finishes in the background, its result unused). `BudgetExceeded` propagates,
     because it means the run must stop, not that this example failed.
     """
+    _admit(1)
     with _assigned(values):
         return await _run_one(agent, guide, example, min_score, timeout, lambda: values_digest(agent))
 
@@ -288,6 +321,7 @@ async def run_rollouts(
     `on_result` is called with each rollout as it finishes (e.g. for a progress bar)."""
     if concurrency < 1:
         raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
+    _admit(len(examples))
     digest = _BatchDigest(agent)
     results: list[Rollout | None] = [None] * len(examples)
     todo = iter(enumerate(examples))

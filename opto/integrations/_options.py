@@ -6,6 +6,7 @@ import inspect
 from typing import Any
 
 from ..errors import OptoValueError
+from ..search.final_check import FinalCheck
 from ..trainer.aggregated import AggregatedUpdate
 
 
@@ -20,3 +21,11 @@ def split_options(options: dict[str, Any], caller: str) -> tuple[dict[str, Any],
             f"and train()'s ({', '.join(sorted(train))})"
         )
     return {k: v for k, v in options.items() if k in trainer}, {k: v for k, v in options.items() if k in train}
+
+
+def budgeted_final_check(metric_calls: int) -> FinalCheck:
+    """opto's final check in proportion with a metric-call budget (GEPA's and DSPy's
+    `max_metric_calls`): the noise probe and the check's re-run take about a tenth and a
+    fifth of it, so a small budget is left mostly for the search, as GEPA spends it."""
+    probe = max(2, min(12, metric_calls // 20))
+    return FinalCheck(probe=probe, rerun_size=max(4, metric_calls // 10))

@@ -47,7 +47,7 @@ from ..run.results import TrainResult
 from ..search.proposers import DemoProposer, Optimizer, Proposal, _editable
 from ..search.stopping import MaxMetricCalls, StopCondition
 from ..trainer.aggregated import AggregatedUpdate
-from ._options import split_options
+from ._options import budgeted_final_check, split_options
 
 try:
     import dspy
@@ -542,6 +542,7 @@ def _apply_gepa_options(
         for more in stops:
             stop = more | stop
         train["stop"] = stop
+        trainer.setdefault("final_check", budgeted_final_check(budget))
         train.setdefault("batch_size", 3)  # dspy.GEPA's reflection minibatch
         train.setdefault("num_epochs", max(1, -(-budget // max(1, n_train))))
 

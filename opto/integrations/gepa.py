@@ -57,7 +57,7 @@ from ..search.proposers import Optimizer, Proposal, _editable
 from ..search.selection import EpsilonGreedy, TopK
 from ..search.stopping import MaxCost, MaxMetricCalls, StopCondition
 from ..trainer.aggregated import AggregatedUpdate
-from ._options import split_options
+from ._options import budgeted_final_check, split_options
 
 __all__ = ["AdapterAgent", "AdapterGuide", "AdapterOutcome", "AdapterReflection", "GEPAResult", "optimize"]
 
@@ -691,6 +691,7 @@ def _apply_gepa_options(gepa: Mapping[str, Any], trainer: dict[str, Any], train:
     stops: list[StopCondition] = [train["stop"]] if train.get("stop") is not None else []
     if gepa.get("max_metric_calls") is not None:
         stops.append(MaxMetricCalls(int(gepa["max_metric_calls"])))
+        trainer.setdefault("final_check", budgeted_final_check(int(gepa["max_metric_calls"])))
         # Until the metric calls are spent, as GEPA runs: epochs enough for every call to be a step's.
         train.setdefault("num_epochs", max(1, -(-int(gepa["max_metric_calls"]) // max(1, n_train))))
     if gepa.get("max_reflection_cost") is not None:

@@ -43,6 +43,10 @@ class FinalCheck:
         min_rollouts: the fewest rollouts of each side at a noisy check's second look.
         probe: examples run twice under the starting values, before the first step, to
             find out whether the agent or judge is noisy.
+        rerun_size: with nothing reserved, the most examples the check runs again (a
+            seeded sample of the training and validation examples); None: all of them.
+            A run on a small metric-call budget (GEPA's bridge) keeps the check's cost
+            in proportion with it.
     """
 
     fraction: float = 0.25
@@ -53,6 +57,7 @@ class FinalCheck:
     repeats: int = 3
     probe: int = 12
     min_rollouts: int = 60
+    rerun_size: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
@@ -67,6 +72,8 @@ class FinalCheck:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptoValueError(f"FinalCheck {name} must be an int >= 1, got {value!r}")
+        if self.rerun_size is not None and (not isinstance(self.rerun_size, int) or self.rerun_size < 1):
+            raise OptoValueError(f"FinalCheck rerun_size must be an int >= 1 or None, got {self.rerun_size!r}")
 
     def reserve(self, examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
         """(examples left to train on, examples reserved for the check), both in their

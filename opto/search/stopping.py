@@ -147,9 +147,14 @@ class MaxCalls(StopCondition):
 
 class MaxMetricCalls(StopCondition):
     """Stops once the run has made `n` rollouts (GEPA's `max_metric_calls`: one per run of
-    the agent and its metric on one example), counting those it keeps for the final check.
-    Checked between steps, as GEPA checks between iterations: the last step may pass `n`
-    by the rollouts it makes."""
+    the agent and its metric on one example; a test-set evaluation is not one), counting
+    those it keeps for the final check.
+
+    Checked between steps, and also inside one when it stands alone or in an `|` (any) of
+    conditions: a group of rollouts (a batch, a candidate's validation) that would pass
+    `n` is not run, the step ends unfinished (kept in the ledger) and the run finishes
+    with its final check, which may pass `n` by a noisy agent's second look. Rollouts
+    on a `RayExecutor` or `RemoteExecutor` are counted only between steps."""
 
     def __init__(self, n: int) -> None:
         self.n = int(_positive("MaxMetricCalls", n))
@@ -162,6 +167,17 @@ class MaxMetricCalls(StopCondition):
 
     def __repr__(self) -> str:
         return f"MaxMetricCalls({self.n})"
+
+
+def metric_call_limit(stop: StopCondition | None) -> int | None:
+    """The metric calls a run may not pass inside a step: the least `MaxMetricCalls` that
+    stops it alone (on its own, or in an `|` of conditions), None when there is none."""
+    if isinstance(stop, MaxMetricCalls):
+        return stop.n
+    if isinstance(stop, AnyOf):
+        found = [n for n in (metric_call_limit(c) for c in stop.conditions) if n is not None]
+        return min(found) if found else None
+    return None
 
 
 class MaxCost(StopCondition):

@@ -400,8 +400,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """The reserved examples, or (none reserved) every training and validation example once."""
         if self._check_examples:
             return self._check_examples
-        found = {e.id: e for e in [*self._train_examples, *self.validation_examples()]}
-        return list(found.values())
+        found = list({e.id: e for e in [*self._train_examples, *self.validation_examples()]}.values())
+        size = self.final_check.rerun_size if self.final_check is not None else None
+        if size is not None and len(found) > size:
+            chosen = {e.id for e in random.Random(f"opto-rerun|{self._seed}").sample(found, size)}
+            found = [e for e in found if e.id in chosen]
+        return found
 
     def search_score(self) -> float | None:
         """The final values' score on the examples the search decided on (validation set,

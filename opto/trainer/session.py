@@ -30,14 +30,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..core.agent import Agent
 from ..core.data import DataLoader, Example
 from ..core.guides import Guide
-from ..core.rollout import RolloutCounter, count_rollouts
+from ..core.rollout import MetricCallsSpent, RolloutCounter, count_rollouts, uncounted
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageMeter, UsageStats, budget_scope, meter_usage
 from ..run.callbacks import CallbackList, deliver_step
 from ..run.events import StepRecord
 from ..run.ledger import Checkpoint, RunDir, RunDirWriter
 from ..run.results import EvalResult, FinalCheckResult, TrainResult
-from ..search.stopping import RunProgress, StopCondition
+from ..search.stopping import RunProgress, StopCondition, metric_call_limit
 from .context import StepContext
 from .failures import FailureLog, TooManyFailures
 
@@ -163,11 +163,24 @@ class Session:
             await self.finish_step(self.context(self.state.step, self.state.epoch))
 
     async def run_steps(self) -> None:
-        """One step per batch, until the data ends or a stop condition says so."""
-        for epoch, _, batch in self.loader.iter_batches(self.options.num_epochs):
-            if self.should_stop():
-                return
-            await self.one_step(epoch, batch)
+        """One step per batch, until the data ends or a stop condition says so. A
+        `MaxMetricCalls` limit also holds inside a step: rollouts that would pass it (less
+        what the final check keeps) are not run, and the step ends unfinished."""
+        limit = metric_call_limit(self.options.stop)
+        counter = self._rollouts
+        if limit is not None and counter is not None:
+            counter.limit = max(0, limit - self.prior_rollouts - self.trainer.reserved_calls())
+        try:
+            for epoch, _, batch in self.loader.iter_batches(self.options.num_epochs):
+                if self.should_stop():
+                    return
+                await self.one_step(epoch, batch)
+        except MetricCallsSpent as exc:
+            self.stopped = f"MaxMetricCalls({limit}): step {self.state.step + 1} stopped unfinished: {exc}"
+            logger.info("%s", self.stopped)
+        finally:
+            if counter is not None:
+                counter.limit = None  # the final check runs on what was kept for it
 
     async def finish_run(self) -> None:
         """The trainer's final values, the final check, and the test set under the values
@@ -288,7 +301,8 @@ class Session:
     async def evaluate(self, ctx: StepContext, final: bool = False) -> float | None:
         """The test set under the current values: logged, told to observers, its interval
         and failures kept in the checkpoint."""
-        result = await self.trainer._evaluate(self.test, ctx)  # type: ignore[arg-type]
+        with uncounted():  # the test set is not part of the search's metric calls
+            result = await self.trainer._evaluate(self.test, ctx)  # type: ignore[arg-type]
         if self.run is not None:
             self.run.log_evaluation(ctx.step, result.rollouts, final=final)
         self.observers.call("on_evaluate_end", ctx.step, result)

@@ -641,7 +641,7 @@ def optimize(
         val_aggregate_scores=history.scores,
         discovery_eval_counts=history.discovered_at,
         best_idx=history.candidates.index(best),
-        total_metric_calls=_metric_calls(result, agent),
+        total_metric_calls=result.metric_calls,
         seed=int(train_options.get("seed", 0)),
         run_dir=str(train_options["run_dir"]) if train_options.get("run_dir") is not None else None,
         changed=[name for name in best if best[name] != seed_candidate[name]],
@@ -764,17 +764,6 @@ def _items(data: Any, what: str) -> list[Any]:
     if not data and what == "trainset":
         raise OptoValueError("trainset is empty: give at least one data instance")
     return list(data)
-
-
-def _metric_calls(result: TrainResult, agent: AdapterAgent) -> int:
-    """The run's metric calls: the checkpoint's count (earlier sessions too) when there is one."""
-    if result.run_dir is not None:
-        from ..run.ledger import RunDir
-
-        saved = RunDir(result.run_dir).load_checkpoint()
-        if saved is not None:
-            return saved.rollouts
-    return agent.metric_calls
 
 
 def _view(value: Any) -> Any:

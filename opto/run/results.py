@@ -141,6 +141,8 @@ class TrainResult(BaseModel):
     no_update: int = 0
     usage: UsageStats = Field(default_factory=UsageStats)
     usage_by_model: dict[str, UsageStats] = Field(default_factory=dict)
+    # Rollouts the run made (GEPA's metric calls; test-set evaluations are not counted).
+    metric_calls: int = 0
     final_parameters: dict[str, Any] = Field(default_factory=dict)
     stopped_reason: str | None = None
     run_dir: str | None = None

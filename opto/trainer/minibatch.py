@@ -616,6 +616,7 @@ class Minibatch:
             no_update=state.no_update,
             usage=sum(state.usage.values(), UsageStats()),
             usage_by_model=state.usage,
+            metric_calls=state.rollouts,
             final_parameters=self.agent.stored_values(),
             stopped_reason=stopped,
             run_dir=str(run.path) if run else None,

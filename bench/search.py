@@ -223,8 +223,8 @@ def run_bridge(landscape: Landscape, seed: int, budget: int, batch_size: int) ->
         def on_step_end(self, record: Any) -> None:
             curve.append((spent(), landscape.expected_score(trainer[0].final_values(), validation)))
 
-    optimize(LandscapeAdapter(landscape, evaluated), {name: "" for name in landscape.parts},
-             without_class(landscape.train_set()), model=ScriptedModel(counters[0], name="optimizer"),
+    optimize({name: "" for name in landscape.parts}, without_class(landscape.train_set()),
+             adapter=LandscapeAdapter(landscape, evaluated), model=ScriptedModel(counters[0], name="optimizer"),
              llm=ScriptedModel(counters[1], name="aggregator"), batch_size=batch_size, num_epochs=100, seed=seed,
              stop=CallsSpent(spent, budget), callbacks=[Watch()])
     return curve

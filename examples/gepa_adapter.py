@@ -1,7 +1,7 @@
 """GEPA adapters optimized by opto's search: GEPA's own DefaultAdapter, and a small one.
 
-`opto.integrations.gepa.optimize(adapter, seed_candidate, trainset, valset, model=...)` takes
-any `GEPAAdapter` (what `gepa.optimize` takes) and runs it under opto's trainer: each
+`opto.integrations.gepa.optimize(seed_candidate, trainset, valset, adapter, reflection_lm=...)`
+is `gepa.optimize`'s own call: it takes any `GEPAAdapter` and runs it under opto's trainer: each
 component is a text parameter, the adapter's `evaluate` gives the scores and its
 `make_reflective_dataset` the feedback the optimizer is shown. The result has GEPA's
 `best_candidate` beside opto's `TrainResult`, and the run directory its ledger.
@@ -92,7 +92,8 @@ def main() -> None:
         seed = {"system_prompt": "Answer the question."}
         optimizer = OpenAIModel("optimizer", base_url=server.base_url, api_key="test-key")
         found = optimize(
-            default, seed, questions[:4], questions[4:], model=optimizer, batch_size=2, run_dir="runs/gepa-default"
+            seed, questions[:4], questions[4:], default, reflection_lm=optimizer, reflection_minibatch_size=2,
+            max_metric_calls=60, run_dir="runs/gepa-default",
         )
         before = sum(default.evaluate(questions, seed).scores) / len(questions)
         after = sum(default.evaluate(questions, found.best_candidate).scores) / len(questions)
@@ -103,7 +104,8 @@ def main() -> None:
         data = [{"country": c} for c in countries]
         seed = {"facts": "Known:", "style": "a full sentence"}
         found = optimize(
-            small, seed, data[:4], data, model=optimizer, batch_size=2, num_epochs=2, run_dir="runs/gepa-facts"
+            seed, data[:4], data, small, reflection_lm=optimizer, reflection_minibatch_size=2, max_metric_calls=80,
+            run_dir="runs/gepa-facts",
         )
         before = sum(small.evaluate(data, seed).scores) / len(data)
         after = sum(small.evaluate(data, found.best_candidate).scores) / len(data)

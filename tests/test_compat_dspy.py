@@ -57,6 +57,8 @@ def chat_reply(body: dict[str, Any]) -> str:
     system, last = texts[0], texts[-1]
     fields = re.findall(r"\d+\. `(\w+)` \(", system.split("Your output fields are:")[1].split("All interactions")[0])
     values = answer_fields(fields, system.split("your objective is:")[-1], last)
+    if "Outputs will be a JSON object" in system:  # DSPy's JSONAdapter (dspy.GEPA's reflection uses it)
+        return json.dumps({f: json.loads(v) if f in ("ticket", "next_tool_args") else v for f, v in values.items()})
     return "\n\n".join(f"[[ ## {f} ## ]]\n{values[f]}" for f in fields) + "\n\n[[ ## completed ## ]]"
 
 
@@ -80,10 +82,8 @@ def answer_fields(fields: list[str], instructions: str, user: str) -> dict[str, 
         priority = "high" if knows and "urgent" in user else "low"
         return {"ticket": json.dumps({"ticket_id": ticket_id, "priority": priority})}
     known = re.search(r"The capital of \w+ is (\w+)", user)
-    if "context" in user or "trajectory" in user:  # multi-hop and ReAct answer from what was found
-        answer = known.group(1) if knows and known else "unknown"
-    else:
-        answer = CAPITALS.get(country or "", "unknown") if knows else "I am not sure."
+    # Multi-hop and ReAct answer from what was found, else (told how) from what they know.
+    answer = (known.group(1) if known else CAPITALS.get(country or "", "unknown")) if knows else "I am not sure."
     return {"reasoning": "thinking", "answer": answer}
 
 

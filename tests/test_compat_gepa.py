@@ -136,8 +136,10 @@ def test_any_maths_adapter_runs_under_both(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 class FactsAndStyle:
-    """Two components, both needed: `facts` names the capitals it may use and `style`
-    must ask for one word; its reflective records say which component failed."""
+    """Two components, each half of the score: `facts` must ask for the capital and `style`
+    for one word; its reflective records say what was expected."""
+
+    propose_new_texts: Any = None  # GEPA reads it: None, its own reflection proposes
 
     def __init__(self) -> None:
         self.reflected_for: list[list[str]] = []
@@ -148,7 +150,7 @@ class FactsAndStyle:
             known = "capital city" in candidate["facts"]
             answer = row["answer"] if known else "unknown"
             outputs.append(answer)
-            scores.append(float(known and "one word" in candidate["style"]))
+            scores.append(0.5 * known + 0.5 * ("one word" in candidate["style"]))
         traces = [{"row": r, "out": o, "score": s} for r, o, s in zip(batch, outputs, scores)]
         return EvaluationBatch(outputs=outputs, scores=scores, trajectories=traces if capture_traces else None)
 
@@ -161,12 +163,14 @@ class FactsAndStyle:
 
 
 def two_component_reply(prompt: str) -> str:
-    if "within ``` blocks" in prompt:
-        text = "Give the capital city." if "unknown" in prompt else "Answer in one word."
-        return f"```\n{text}\n```"
-    editable = [name for name in ("facts", "style") if f"## {name}" in prompt and "trainable: true" in prompt]
+    """Fixes the component it is asked about: GEPA shows one current text, opto marks the
+    ones it may change as trainable."""
     texts = {"facts": "Give the capital city.", "style": "Answer in one word."}
-    return json.dumps({"reasoning": "fix it", "suggestion": {n: texts[n] for n in editable or ["facts", "style"]}})
+    if "within ``` blocks" in prompt:
+        current = prompt.split("```", 2)[1]
+        return f"```\n{texts['facts'] if 'know' in current or 'capital' in current else texts['style']}\n```"
+    editable = re.findall(r"## (facts|style)\n- type: [^\n]*\n- trainable: yes", prompt)
+    return json.dumps({"reasoning": "fix it", "suggestion": {name: texts[name] for name in editable}})
 
 
 def test_a_two_component_adapter_round_robin_asks_for_one_component_at_a_time() -> None:
@@ -177,6 +181,7 @@ def test_a_two_component_adapter_round_robin_asks_for_one_component_at_a_time() 
     native, ours = run_both(90, **call)
     test = adapter.evaluate(TEST, ours.best_candidate).scores
     assert sum(test) / len(test) >= sum(adapter.evaluate(TEST, native.best_candidate).scores) / len(test)
+    assert sum(test) / len(test) == 1.0
     assert ours.total_metric_calls <= max(native.total_metric_calls, 93)
     assert adapter.reflected_for and all(len(names) == 1 for names in adapter.reflected_for)
 

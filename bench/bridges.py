@@ -105,9 +105,9 @@ def main() -> None:
     print("| side | wall time (median, s) | metric calls | model requests (incl. held-out) | held-out accuracy |")
     print("|---|---|---|---|---|")
     for side, found in results.items():
-        med = lambda key: statistics.median(r[key] for r in found)  # noqa: E731
-        print(f"| {side} | {med('seconds'):.1f} | {med('metric_calls'):.0f} | {med('requests'):.0f} | "
-              f"{med('accuracy'):.2f} |")  # fmt: skip
+        med = {key: statistics.median(r[key] for r in found) for key in found[0]}
+        print(f"| {side} | {med['seconds']:.1f} | {med['metric_calls']:.0f} | {med['requests']:.0f} | "
+              f"{med['accuracy']:.2f} |")  # fmt: skip
     ratio = statistics.median(r["seconds"] for r in results["opto"]) / statistics.median(
         r["seconds"] for r in results["gepa"]
     )

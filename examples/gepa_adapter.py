@@ -92,8 +92,14 @@ def main() -> None:
         seed = {"system_prompt": "Answer the question."}
         optimizer = OpenAIModel("optimizer", base_url=server.base_url, api_key="test-key")
         found = optimize(
-            seed, questions[:4], questions[4:], default, reflection_lm=optimizer, reflection_minibatch_size=2,
-            max_metric_calls=60, run_dir="runs/gepa-default",
+            seed,
+            questions[:4],
+            questions[4:],
+            default,
+            reflection_lm=optimizer,
+            reflection_minibatch_size=2,
+            max_metric_calls=60,
+            run_dir="runs/gepa-default",
         )
         before = sum(default.evaluate(questions, seed).scores) / len(questions)
         after = sum(default.evaluate(questions, found.best_candidate).scores) / len(questions)
@@ -104,7 +110,13 @@ def main() -> None:
         data = [{"country": c} for c in countries]
         seed = {"facts": "Known:", "style": "a full sentence"}
         found = optimize(
-            seed, data[:4], data, small, reflection_lm=optimizer, reflection_minibatch_size=2, max_metric_calls=80,
+            seed,
+            data[:4],
+            data,
+            small,
+            reflection_lm=optimizer,
+            reflection_minibatch_size=2,
+            max_metric_calls=80,
             run_dir="runs/gepa-facts",
         )
         before = sum(small.evaluate(data, seed).scores) / len(data)

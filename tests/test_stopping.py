@@ -19,12 +19,14 @@ from opto import (
     ExactMatchGuide,
     MaxCalls,
     MaxCost,
+    MaxMetricCalls,
     MaxTime,
     NoImprovement,
+    RunDir,
     StopFile,
     TargetScore,
 )
-from opto.search.stopping import AllOf, AnyOf, RunProgress
+from opto.search.stopping import AllOf, AnyOf, RunProgress, metric_call_limit
 from world import ledger_of
 
 DATA = world.dataset(range(8))
@@ -181,3 +183,28 @@ def test_sigterm_stops_after_saving_and_the_run_resumes(whole, tmp_path):
     resumed = train(tmp_path, resume=True)
     assert resumed.final_parameters == whole_result.final_parameters
     assert ledger_of(tmp_path) == ledger_of(whole_dir)
+
+
+def test_max_metric_calls_counts_rollouts_and_holds_inside_a_step(tmp_path):
+    """Without a limit, a run's rollouts (test evaluations left out) are its metric calls;
+    with one that a step would pass, the step's rollouts that would pass it never run."""
+    free = train(tmp_path / "free")
+    assert free.metric_calls > 0
+    assert free.metric_calls == free.steps * 2 * 2  # each step: the batch, and the candidate on it
+    limit = free.metric_calls - 3  # the last step's candidate rollouts would pass it
+    held = train(tmp_path / "held", stop=MaxMetricCalls(limit))
+    assert held.metric_calls <= limit and held.stopped_reason.startswith("MaxMetricCalls")
+    assert "unfinished" in held.stopped_reason and held.steps == free.steps - 1
+    assert held.test_scores[-1][0] == held.steps  # the run finished: its final evaluation ran
+    saved = RunDir(tmp_path / "held").load_checkpoint()
+    assert saved is not None and saved.rollouts == held.metric_calls
+    more = train(tmp_path / "held", resume=True, stop=MaxMetricCalls(limit + 8))
+    assert more.metric_calls <= limit + 8 and more.metric_calls > held.metric_calls  # earlier sessions count
+
+
+def test_metric_call_limits_are_found_only_where_they_alone_stop_a_run():
+    assert metric_call_limit(MaxMetricCalls(9)) == 9
+    assert metric_call_limit(MaxTime(5) | MaxMetricCalls(9) | MaxMetricCalls(4)) == 4
+    assert metric_call_limit(MaxMetricCalls(9) & MaxTime(5)) is None and metric_call_limit(None) is None
+    assert MaxMetricCalls(10).check(progress(rollouts=7, reserved_calls=3)) is not None
+    assert MaxMetricCalls(10).check(progress(rollouts=7, reserved_calls=2)) is None

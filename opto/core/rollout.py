@@ -32,10 +32,12 @@ __all__ = [
     "Rollout",
     "RolloutCounter",
     "RolloutFields",
+    "admit_rollouts",
     "count_rollouts",
     "uncounted",
     "mean_score",
     "run_rollout",
+    "rollout_done",
     "run_rollouts",
     "timeout_fields",
     "values_digest",
@@ -145,9 +147,17 @@ def uncounted() -> Iterator[None]:
         _COUNTERS.reset(token)
 
 
-def _admit(n: int) -> None:
+def admit_rollouts(n: int) -> None:
+    """Before `n` rollouts run: `MetricCallsSpent` when they would pass a counter's limit."""
     for counter in _COUNTERS.get():
         counter.admit(n)
+
+
+def rollout_done() -> None:
+    """Count one rollout in every enclosing `count_rollouts` block (an executor whose
+    rollouts run in other processes calls it as each comes back)."""
+    for counter in _COUNTERS.get():
+        counter.count += 1
 
 
 def readable_json(value: Any, depth: int = 0) -> Any:
@@ -197,7 +207,7 @@ async def run_rollout(
     finishes in the background, its result unused). `BudgetExceeded` propagates,
     because it means the run must stop, not that this example failed.
     """
-    _admit(1)
+    admit_rollouts(1)
     with _assigned(values):
         return await _run_one(agent, guide, example, min_score, timeout, lambda: values_digest(agent))
 
@@ -235,8 +245,7 @@ async def _run_one(
                 fields = timeout_fields(timeout, min_score)
     finally:
         close_records(records)
-        for counter in _COUNTERS.get():
-            counter.count += 1
+        rollout_done()
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)
@@ -321,7 +330,7 @@ async def run_rollouts(
     `on_result` is called with each rollout as it finishes (e.g. for a progress bar)."""
     if concurrency < 1:
         raise OptoValueError(f"concurrency must be >= 1, got {concurrency}")
-    _admit(len(examples))
+    admit_rollouts(len(examples))
     digest = _BatchDigest(agent)
     results: list[Rollout | None] = [None] * len(examples)
     todo = iter(enumerate(examples))

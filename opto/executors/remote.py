@@ -24,7 +24,7 @@ from ..core.agent import Agent
 from ..core.data import Example
 from ..core.guides import Guide
 from ..core.parameters import ParameterValues
-from ..core.rollout import Rollout, timeout_fields
+from ..core.rollout import Rollout, admit_rollouts, rollout_done, timeout_fields
 from ..errors import OptoError, OptoValueError
 from ..llm.errors import BudgetExceeded
 from ..llm.sampling import current_sampling
@@ -131,6 +131,7 @@ class RemoteExecutor:
         """Run agent and guide on every example in worker processes; results in input order."""
         if not examples:
             return []
+        admit_rollouts(len(examples))  # a metric-call limit holds here as in this process
         timeout = timeout if timeout is not None else self.timeout
         agent.parameters()  # names every parameter: values travel by name
         hub = self.hub
@@ -152,6 +153,7 @@ class RemoteExecutor:
                 async with gate:
                     task = dataclasses.replace(template, example=example)
                     rollout = await self._attempts(stored, task)
+                rollout_done()
                 if on_result is not None:
                     on_result(rollout)
                 return rollout

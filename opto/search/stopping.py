@@ -153,8 +153,7 @@ class MaxMetricCalls(StopCondition):
     Checked between steps, and also inside one when it stands alone or in an `|` (any) of
     conditions: a group of rollouts (a batch, a candidate's validation) that would pass
     `n` is not run, the step ends unfinished (kept in the ledger) and the run finishes
-    with its final check, which may pass `n` by a noisy agent's second look. Rollouts
-    on a `RayExecutor` or `RemoteExecutor` are counted only between steps."""
+    with its final check, which may pass `n` by a noisy agent's second look."""
 
     def __init__(self, n: int) -> None:
         self.n = int(_positive("MaxMetricCalls", n))

@@ -45,9 +45,8 @@ from ..llm.types import Completion, Message, TokenUsage, validate_messages
 from ..llm.usage import estimated_usage
 from ..run.results import TrainResult
 from ..search.proposers import DemoProposer, Optimizer, Proposal, _editable
-from ..search.stopping import MaxMetricCalls, StopCondition
 from ..trainer.aggregated import AggregatedUpdate
-from ._options import budgeted_final_check, split_options
+from ._options import TRACKING, apply_gepa_search, refuse_unmapped, split_options
 
 try:
     import dspy
@@ -461,34 +460,25 @@ DSPY_GEPA = (
     "track_best_outputs", "warn_on_score_mismatch", "use_mlflow", "gepa_kwargs",
 )  # fmt: skip
 
-#: dspy.GEPA's keywords opto has no equivalent for: accepted at their default, else refused with why.
-NO_EQUIVALENT: dict[str, tuple[Any, str]] = {
-    "instruction_proposer": (None, "opto's reflection writes the instructions; pass model= to choose its LM"),
-    "code_proposer": (None, "opto optimizes instructions and demos, not a dspy.Flex module's code"),
-    "max_merge_invocations": (5, "opto merges every few steps of a pool run (use_merge=True), with no cap"),
-    "use_wandb": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "wandb_api_key": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "wandb_init_kwargs": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "use_mlflow": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "track_best_outputs": (False, "opto keeps every rollout's output in the run's ledger (run_dir=)"),
-    "gepa_kwargs": (None, "opto runs its own search, not gepa.optimize: pass opto's options by name"),
+#: dspy.GEPA's keywords opto has no equivalent for: the values accepted (their default), and why.
+NO_EQUIVALENT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "instruction_proposer": ((None,), "opto's reflection writes the instructions; pass model= to choose its LM"),
+    "code_proposer": ((None,), "opto optimizes instructions and demos, not a dspy.Flex module's code"),
+    "max_merge_invocations": ((5,), "opto merges every few steps of a pool run (use_merge=True), with no cap"),
+    "use_wandb": ((False,), TRACKING),
+    "wandb_api_key": ((None,), TRACKING),
+    "wandb_init_kwargs": ((None,), TRACKING),
+    "use_mlflow": ((False,), TRACKING),
+    "track_best_outputs": ((False,), "opto keeps every rollout's output in the run's ledger (run_dir=)"),
+    "gepa_kwargs": ((None,), "opto runs its own search, not gepa.optimize: pass opto's options by name"),
 }
 
 #: `auto`'s candidate counts, as dspy.GEPA sizes its metric-call budget with them.
 AUTO_CANDIDATES = {"light": 6, "medium": 12, "heavy": 18}
 
-#: A merge every this many steps when `use_merge=True`.
-MERGE_EVERY = 3
-
 
 def _refuse_unmapped(given: Mapping[str, Any]) -> None:
-    refused = [
-        f"{name}={given[name]!r}: {why}"
-        for name, (default, why) in NO_EQUIVALENT.items()
-        if name in given and given[name] is not default and given[name] != default
-    ]
-    if refused:
-        raise OptoValueError("OptoOptimizer has no equivalent for " + "; ".join(refused))
+    refuse_unmapped(given, NO_EQUIVALENT, "OptoOptimizer")
     if given.get("candidate_selection_strategy", "pareto") not in ("pareto", "current_best"):
         raise OptoValueError("candidate_selection_strategy must be 'pareto' or 'current_best'")
     if given.get("component_selector", "round_robin") not in ("round_robin", "all"):
@@ -522,29 +512,14 @@ def _apply_gepa_options(
     strategy = gepa.get("candidate_selection_strategy")
     if strategy is not None:
         trainer.setdefault("selection", "pareto" if strategy == "pareto" else "greedy")
-    if gepa.get("component_selector") is not None:
-        trainer.setdefault("components", gepa["component_selector"])
-    if gepa.get("use_merge"):
-        if trainer.setdefault("selection", "pareto") != "pareto":
-            raise OptoValueError("use_merge=True merges lineages of a candidate pool: it needs pareto selection")
-        trainer.setdefault("merge_every", MERGE_EVERY)
-    if gepa.get("reflection_minibatch_size") is not None:
-        train.setdefault("batch_size", int(gepa["reflection_minibatch_size"]))
     if gepa.get("failure_score") is not None:
         train.setdefault("min_score", float(gepa["failure_score"]))
     if gepa.get("log_dir") is not None:
         train["run_dir"] = gepa["log_dir"]
         train.setdefault("resume", True)  # dspy.GEPA continues a run it finds in log_dir
-    budget = metric_call_budget(gepa, student, n_train, n_val)
-    if budget is not None:
-        stops: list[StopCondition] = [train["stop"]] if train.get("stop") is not None else []
-        stop: StopCondition = MaxMetricCalls(budget)
-        for more in stops:
-            stop = more | stop
-        train["stop"] = stop
-        trainer.setdefault("final_check", budgeted_final_check(budget))
-        train.setdefault("batch_size", 3)  # dspy.GEPA's reflection minibatch
-        train.setdefault("num_epochs", max(1, -(-budget // max(1, n_train))))
+    apply_gepa_search(trainer, train, n_train=n_train, components=gepa.get("component_selector"),
+                      use_merge=bool(gepa.get("use_merge")), minibatch=gepa.get("reflection_minibatch_size"),
+                      metric_calls=metric_call_budget(gepa, student, n_train, n_val))  # fmt: skip
 
 
 def _optimizer_model(model: Any) -> Model:

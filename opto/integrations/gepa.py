@@ -55,9 +55,9 @@ from ..run.events import StepRecord
 from ..run.results import TrainResult
 from ..search.proposers import Optimizer, Proposal, _editable
 from ..search.selection import EpsilonGreedy, TopK
-from ..search.stopping import MaxCost, MaxMetricCalls, StopCondition
+from ..search.stopping import MaxCost
 from ..trainer.aggregated import AggregatedUpdate
-from ._options import budgeted_final_check, split_options
+from ._options import TRACKING, apply_gepa_search, refuse_unmapped, split_options
 
 __all__ = ["AdapterAgent", "AdapterGuide", "AdapterOutcome", "AdapterReflection", "GEPAResult", "optimize"]
 
@@ -80,34 +80,34 @@ GEPA_ORDER = (
 #: GEPA's arguments that are also `train()`'s, with the same meaning.
 SHARED = ("seed", "run_dir", "callbacks")
 
-#: GEPA's arguments opto has no equivalent for: accepted at GEPA's default, refused otherwise, with why.
-NO_EQUIVALENT: dict[str, tuple[Any, str]] = {
-    "frontier_type": ("instance", "opto's pool keeps a front per example (GEPA's 'instance'), no other kind"),
-    "batch_sampler": ("epoch_shuffled", "opto's loader shuffles each epoch; set the batch with reflection_minibatch_size="),
-    "reflection_prompt_template": (None, "opto's reflective prompt asks for a JSON reply; give the adapter a "
+#: GEPA's arguments opto has no equivalent for: the values accepted (GEPA's default), and why.
+NO_EQUIVALENT: dict[str, tuple[tuple[Any, ...], str]] = {
+    "frontier_type": (("instance",), "opto's pool keeps a front per example (GEPA's 'instance'), no other kind"),
+    "batch_sampler": (("epoch_shuffled",), "opto's loader shuffles each epoch; set the batch with reflection_minibatch_size="),
+    "reflection_prompt_template": ((None,), "opto's reflective prompt asks for a JSON reply; give the adapter a "
                                          "propose_new_texts, or pass custom_candidate_proposer="),
-    "max_merge_invocations": (5, "opto merges every few steps of a pool run (use_merge=True), with no cap on merges"),
-    "merge_val_overlap_floor": (5, "opto's merge needs no overlap floor: a merge is validated like any candidate"),
-    "stop_callbacks": (None, "GEPA's stoppers read GEPA's state; pass opto's stop conditions as stop= "
+    "max_merge_invocations": ((5,), "opto merges every few steps of a pool run (use_merge=True), with no cap on merges"),
+    "merge_val_overlap_floor": ((5,), "opto's merge needs no overlap floor: a merge is validated like any candidate"),
+    "stop_callbacks": ((None,), "GEPA's stoppers read GEPA's state; pass opto's stop conditions as stop= "
                              "(MaxMetricCalls, MaxTime, NoImprovement, TargetScore, StopFile)"),
-    "logger": (None, "opto logs through Python's logging (the 'opto' logger) and writes a ledger to run_dir"),
-    "use_wandb": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "wandb_api_key": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "wandb_init_kwargs": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "wandb_attach_existing": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "use_mlflow": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "mlflow_tracking_uri": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "mlflow_experiment_name": (None, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "mlflow_attach_existing": (False, "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "tracking_key_prefix": ("", "opto's tracking is a callback: callbacks=[...] (opto.report.tracking)"),
-    "use_cloudpickle": (False, "opto never pickles: its checkpoints are JSON"),
-    "cache_evaluation": (False, "opto runs each measurement a decision needs; it has no evaluation cache"),
-    "val_evaluation_policy": (None, "opto validates with its own rule: pass validation= (an opto Validation)"),
-    "acceptance_criterion": ("strict_improvement", "opto accepts by its validation rule (a paired test; "
+    "logger": ((None,), "opto logs through Python's logging (the 'opto' logger) and writes a ledger to run_dir"),
+    "use_wandb": ((False,), TRACKING),
+    "wandb_api_key": ((None,), TRACKING),
+    "wandb_init_kwargs": ((None,), TRACKING),
+    "wandb_attach_existing": ((False,), TRACKING),
+    "use_mlflow": ((False,), TRACKING),
+    "mlflow_tracking_uri": ((None,), TRACKING),
+    "mlflow_experiment_name": ((None,), TRACKING),
+    "mlflow_attach_existing": ((False,), TRACKING),
+    "tracking_key_prefix": (("",), TRACKING),
+    "use_cloudpickle": ((False,), "opto never pickles: its checkpoints are JSON"),
+    "cache_evaluation": ((False,), "opto runs each measurement a decision needs; it has no evaluation cache"),
+    "val_evaluation_policy": ((None, "full_eval"), "opto validates with its own rule: pass validation= (an opto Validation)"),
+    "acceptance_criterion": (("strict_improvement",), "opto accepts by its validation rule (a paired test; "
                                                    "MinibatchFirst(accept_ties=True) accepts ties): pass validation="),
-    "sampling_strategy": (None, "opto proposes with its own proposers: pass proposals= / proposers"),
-    "selection_strategy": (None, "opto's candidate selection is selection= (greedy, pareto, top_k, epsilon_greedy)"),
-    "reflection_strategy": (None, "opto's reflection is its Optimizer: pass reflection_lm= (a model)"),
+    "sampling_strategy": ((None,), "opto proposes with its own proposers: pass proposals= / proposers"),
+    "selection_strategy": ((None,), "opto's candidate selection is selection= (greedy, pareto, top_k, epsilon_greedy)"),
+    "reflection_strategy": ((None,), "opto's reflection is its Optimizer: pass reflection_lm= (a model)"),
 }  # fmt: skip
 
 #: GEPA's candidate selection strategies, as opto's `selection=`.
@@ -117,9 +117,6 @@ SELECTIONS: dict[str, Callable[[], Any]] = {
     "epsilon_greedy": lambda: EpsilonGreedy(0.1),
     "top_k_pareto": lambda: TopK(5),
 }
-
-#: A merge every this many steps when `use_merge=True` (GEPA schedules its own after new candidates).
-MERGE_EVERY = 3
 
 
 class AdapterOutcome(BaseModel):
@@ -588,7 +585,7 @@ def optimize(
             raise OptoValueError("give module_selector= or component_selector= (its DSPy name), not both")
         options["module_selector"] = options.pop("component_selector")
     gepa_options = {k: options.pop(k) for k in GEPA_ORDER if k in options and k not in SHARED}
-    _refuse_unmapped(gepa_options)
+    refuse_unmapped(gepa_options, NO_EQUIVALENT, "optimize()")
     if options.get("callbacks") and not all(isinstance(c, Callback) for c in options["callbacks"]):
         raise OptoValueError(
             "callbacks= takes opto Callbacks (GEPA's GEPACallback has no equivalent: opto.Callback sees every "
@@ -649,23 +646,6 @@ def optimize(
     )
 
 
-def _refuse_unmapped(given: Mapping[str, Any]) -> None:
-    """One error naming every GEPA argument given that opto has no equivalent for, and why."""
-    refused = [
-        f"{name}={given[name]!r}: {why}"
-        for name, (default, why) in NO_EQUIVALENT.items()
-        if name in given and not _same(given[name], default, name)
-    ]
-    if refused:
-        raise OptoValueError("optimize() has no equivalent for " + "; ".join(refused))
-
-
-def _same(value: Any, default: Any, name: str) -> bool:
-    if name == "val_evaluation_policy":
-        return value in (None, "full_eval")
-    return value is default or (isinstance(value, (str, bool, int, float)) and value == default)
-
-
 def _apply_gepa_options(gepa: Mapping[str, Any], trainer: dict[str, Any], train: dict[str, Any], n_train: int) -> None:
     """GEPA's arguments as opto's options (the trainer's and `train()`'s)."""
     strategy = gepa.get("candidate_selection_strategy")
@@ -676,31 +656,13 @@ def _apply_gepa_options(gepa: Mapping[str, Any], trainer: dict[str, Any], train:
                 "(an opto CandidateSelector goes in selection=)"
             )
         trainer.setdefault("selection", SELECTIONS[strategy]())
-    selector = gepa.get("module_selector")
-    if selector is not None:
-        if selector not in ("round_robin", "all"):
-            raise OptoValueError(f"module_selector must be 'round_robin' or 'all', got {selector!r}")
-        trainer.setdefault("components", selector)
-    if gepa.get("use_merge"):
-        if trainer.setdefault("selection", "pareto") != "pareto":
-            raise OptoValueError("use_merge=True merges lineages of a candidate pool: it needs pareto selection")
-        trainer.setdefault("merge_every", MERGE_EVERY)
-    if gepa.get("reflection_minibatch_size") is not None:
-        train.setdefault("batch_size", int(gepa["reflection_minibatch_size"]))
-    train.setdefault("batch_size", 3)  # GEPA's minibatch
-    stops: list[StopCondition] = [train["stop"]] if train.get("stop") is not None else []
-    if gepa.get("max_metric_calls") is not None:
-        stops.append(MaxMetricCalls(int(gepa["max_metric_calls"])))
-        trainer.setdefault("final_check", budgeted_final_check(int(gepa["max_metric_calls"])))
-        # Until the metric calls are spent, as GEPA runs: epochs enough for every call to be a step's.
-        train.setdefault("num_epochs", max(1, -(-int(gepa["max_metric_calls"]) // max(1, n_train))))
-    if gepa.get("max_reflection_cost") is not None:
-        stops.append(MaxCost(float(gepa["max_reflection_cost"])))  # all models' spend: no later than GEPA's
-    if stops:
-        stop = stops[0]
-        for more in stops[1:]:
-            stop = stop | more
-        train["stop"] = stop
+    calls = gepa.get("max_metric_calls")
+    apply_gepa_search(trainer, train, n_train=n_train, components=gepa.get("module_selector"),
+                      use_merge=bool(gepa.get("use_merge")), minibatch=gepa.get("reflection_minibatch_size"),
+                      metric_calls=int(calls) if calls is not None else None)  # fmt: skip
+    if gepa.get("max_reflection_cost") is not None:  # every model's spend: it stops no later than GEPA's
+        cost = MaxCost(float(gepa["max_reflection_cost"]))
+        train["stop"] = train["stop"] | cost if train.get("stop") is not None else cost
     if "display_progress_bar" in gepa:
         train.setdefault("progress", bool(gepa["display_progress_bar"]))
     if gepa.get("raise_on_exception") is False:

@@ -220,6 +220,37 @@ def test_a_tutorial_program_compiles_under_opto_as_well_as_under_dspy_gepa(clien
     assert score(loaded, test, metric) == 1.0
 
 
+def test_gepa_s_own_dspy_adapter_runs_under_gepa_and_under_opto_s_bridge(lms: Any) -> None:
+    """GEPA's DspyAdapter (its propose_new_texts asks the reflection LM with GEPA's prompt).
+    gepa 0.1.4's adapter cannot evaluate without traces under dspy 3.4.1 (it passes
+    `Evaluate(return_outputs=...)`, which DSPy removed), so `gepa.optimize` stops at its
+    first validation; the bridge asks for traces, as a reflection needs them, and runs."""
+    from gepa import optimize as gepa_optimize
+    from gepa.adapters.dspy_adapter.dspy_adapter import DspyAdapter
+
+    from opto.integrations.gepa import optimize
+
+    _, reflection_lm, _ = lms
+
+    def feedback(predictor_output: Any, predictor_inputs: Any, module_inputs: Any, module_outputs: Any,
+                 captured_trace: Any) -> dict[str, Any]:  # fmt: skip
+        found = qa_metric(module_inputs, module_outputs)
+        return {"score": found.score, "feedback": found.feedback}
+
+    def adapter() -> Any:
+        return DspyAdapter(dspy.ChainOfThought("question -> answer"), metric_fn=qa_metric,
+                           feedback_map={"predict": feedback}, reflection_lm=reflection_lm)  # fmt: skip
+
+    train, val, test = qa_rows(COUNTRIES[:6]), qa_rows(COUNTRIES[6:12]), qa_rows(COUNTRIES[12:])
+    seed = {"predict": dspy.ChainOfThought("question -> answer").predict.signature.instructions}
+    with pytest.raises(ValueError, match="return_outputs"):
+        gepa_optimize(seed, train, val, adapter(), max_metric_calls=60, display_progress_bar=False)
+    ours = optimize(seed, train, val, adapter(), max_metric_calls=60)
+    held_out = lambda candidate: sum(adapter().evaluate(test, candidate, True).scores) / len(test)  # noqa: E731
+    assert ours.proposer == "adapter" and held_out(ours.best_candidate) == 1.0 and held_out(seed) == 0.0
+    assert ours.total_metric_calls <= 60
+
+
 def test_the_budget_stops_compile_at_the_metric_calls(lms: Any) -> None:
     _, reflection_lm, _ = lms
     for budget in (30, 80):

@@ -212,6 +212,12 @@ def test_an_adapters_propose_new_texts_writes_the_texts() -> None:
     found = bridge.optimize({"facts": "", "style": ""}, TRAIN, VAL, Proposing(), max_metric_calls=60,
                             module_selector="all")  # fmt: skip
     assert found.proposer == "adapter" and found.best_candidate == {"facts": "Give the capital city.", "style": "one word"}
+    ours = bridge.optimize({"facts": "", "style": ""}, TRAIN, VAL, Proposing(), reflection_lm=two_component_reply,
+                           max_metric_calls=60, module_selector="all", proposer="opto")  # fmt: skip
+    assert ours.proposer == "opto" and ours.best_candidate == {"facts": "Give the capital city.",
+                                                               "style": "Answer in one word."}  # fmt: skip
+    with pytest.raises(OptoValueError, match='proposer="adapter", but the adapter has no propose_new_texts'):
+        bridge.optimize(SEED, TRAIN, task_lm=task_lm, reflection_lm=reflection_lm, proposer="adapter")
 
 
 def test_gepa_s_data_loader_is_read() -> None:

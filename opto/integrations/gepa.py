@@ -544,6 +544,7 @@ def optimize(
     model: Model | None = None,
     descriptions: Mapping[str, str] | None = None,
     parallel: bool = False,
+    proposer: str = "auto",
     **options: Any,
 ) -> GEPAResult:
     """Optimize the components of `seed_candidate` for `adapter` with opto's search, called
@@ -565,6 +566,9 @@ def optimize(
         descriptions: {component name: what it is}, for the optimizer's prompt.
         parallel: let different candidates' batches be evaluated at once (the adapter must
             be thread-safe).
+        proposer: who writes new texts: "auto" (the adapter's `propose_new_texts` or
+            `custom_candidate_proposer` when there is one, else opto's reflection), "adapter",
+            or "opto" (opto's reflection even when the adapter has its own).
         options: `gepa.optimize`'s keywords (each mapped to opto's equivalent, or refused
             with why: see `GEPA_ARGUMENTS` in the docs), `component_selector=` (DSPy's name
             for `module_selector`), `AggregatedUpdate`'s keywords and `train()`'s.
@@ -607,7 +611,7 @@ def optimize(
         trainer_options["validation"] = validation
     agent = AdapterAgent(adapter, seed_candidate, instances, descriptions=descriptions, parallel=parallel)
     _apply_gepa_options(gepa_options, trainer_options, train_options, len(train))
-    propose = _propose_fn(adapter, gepa_options.get("custom_candidate_proposer"))
+    propose = _propose_fn(adapter, gepa_options.get("custom_candidate_proposer"), proposer)
     lm = reflection_lm if reflection_lm is not None else model
     reflection = AdapterReflection(
         reflection_model(lm, gepa_options.get("reflection_lm_kwargs")) if lm is not None else None,
@@ -703,12 +707,23 @@ def _counted_callable(fn: Callable[[list[dict[str, Any]]], str]) -> Callable[[li
     return counted
 
 
-def _propose_fn(adapter: Any, custom: Any) -> ProposeFn | None:
-    """The adapter's own `propose_new_texts` or GEPA's `custom_candidate_proposer` (not both)."""
+def _propose_fn(adapter: Any, custom: Any, proposer: str) -> ProposeFn | None:
+    """Who writes the texts: the adapter's own `propose_new_texts` or GEPA's
+    `custom_candidate_proposer` (not both), unless `proposer="opto"` asks for opto's."""
+    if proposer not in ("auto", "adapter", "opto"):
+        raise OptoValueError(f'proposer must be "auto", "adapter" or "opto", got {proposer!r}')
     own = getattr(adapter, "propose_new_texts", None)
     if own is not None and custom is not None:
         raise OptoValueError("the adapter has propose_new_texts; custom_candidate_proposer= would replace it: give one")
     found = own if own is not None else custom
+    if proposer == "opto":
+        if custom is not None:
+            raise OptoValueError('proposer="opto" and custom_candidate_proposer= ask for two proposers: give one')
+        return None
+    if found is None and proposer == "adapter":
+        raise OptoValueError(
+            'proposer="adapter", but the adapter has no propose_new_texts and no custom_candidate_proposer'
+        )
     if found is not None and not callable(found):
         raise OptoTypeError(f"propose_new_texts must be callable, got {type(found).__name__}")
     return found

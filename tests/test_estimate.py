@@ -167,7 +167,8 @@ def test_a_no_sends_nothing_more_and_a_yes_keeps_the_estimate_in_the_run_dir(ser
     with pytest.raises(RunNotConfirmed, match="not started"):
         pipeline(llms).train(ExactMatchGuide(), questions(range(8), "q"), batch_size=4, confirm=no,
                              run_dir=tmp_path / "no", progress=False)  # fmt: skip
-    assert len(seen) == 1 and len(server.chat_requests) == seen[0].spent.calls  # only the estimate's calls
+    assert len(seen) == 1 and len(server.chat_requests) == 0 and seen[0].spent.calls == 0  # nothing sent
+    assert seen[0].calls > 0 and seen[0].prompt_tokens > 0 and "no call was made" in seen[0].assumptions[0]
     assert not (tmp_path / "no").exists()
 
     result = pipeline(llms).train(ExactMatchGuide(), questions(range(8), "q"), batch_size=4, confirm=lambda e: True,

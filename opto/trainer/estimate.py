@@ -11,6 +11,7 @@ the dollars unknown (None), and the estimate says which.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -20,9 +21,12 @@ from pydantic import BaseModel, Field
 
 from ..errors import OptoError, OptoValueError
 from ..llm.base import Model
-from ..llm.usage import Budget, UsageStats
+from ..llm.usage import Budget, UsageStats, estimate_tokens
 
-__all__ = ["Estimate", "RoleEstimate", "RunNotConfirmed", "ask_on_terminal", "ask_to_confirm"]
+__all__ = ["Estimate", "RoleEstimate", "RunNotConfirmed", "ask_on_terminal", "ask_to_confirm", "assumed_tokens"]
+
+#: The reply of one agent call assumed by an estimate that makes no call, in tokens.
+ASSUMED_AGENT_REPLY = 150
 
 #: The parts of a run an estimate is broken into.
 ROLES = ("agent", "optimizer", "aggregator", "validation", "check", "test")
@@ -124,10 +128,36 @@ def given_per_call(tokens: Mapping[str, Any], role: str, model: Model | None) ->
         )
     prompt, completion = figures
     usd: float | None = 0.0
-    if model is not None and not model.local:
-        price = model.price
-        usd = None if price is None else (prompt * price.input + completion * price.output) / 1_000_000
+    price = model.price if model is not None else None
+    if price is not None:  # a price given (prices=) or known bills even a stand-in model
+        usd = (prompt * price.input + completion * price.output) / 1_000_000
+    elif model is not None and not model.local:
+        usd = None
     return PerCall(prompt_tokens=prompt, completion_tokens=completion, usd=usd)
+
+
+def assumed_tokens(
+    values: Sequence[Any], inputs: Sequence[Any], batch_size: int
+) -> tuple[dict[str, tuple[int, int]], str]:
+    """(prompt, completion) tokens per call by role, from the text alone (no call): an agent
+    call holds the trainable `values` and an input and replies with `ASSUMED_AGENT_REPLY`
+    tokens; a reflective call shows the values and a batch of such runs and rewrites the
+    values (its "auto" reply limit); an aggregation shows the values a few times over.
+    Returns the figures and the assumption, said in words."""
+    value_tokens = sum(estimate_tokens(str(v)) for v in values)
+    input_tokens = max((estimate_tokens(json.dumps(x, default=str)) for x in inputs), default=0)
+    agent = value_tokens + input_tokens + 20
+    rewrite = min(2048, 256 + 2 * value_tokens)
+    tokens = {
+        "agent": (agent, ASSUMED_AGENT_REPLY),
+        "optimizer": (700 + value_tokens + batch_size * (agent + ASSUMED_AGENT_REPLY + 60), rewrite),
+        "aggregator": (500 + 3 * value_tokens, rewrite),
+    }
+    said = (
+        f"no call was made: tokens assumed from the text, {agent} prompt tokens an agent call (its trainable values "
+        f"and the longest input) and {ASSUMED_AGENT_REPLY} for its reply; estimate() measures them with a few calls"
+    )
+    return tokens, said
 
 
 def evaluations(steps: int, eval_frequency: int | None) -> int:

@@ -30,7 +30,17 @@ from ..run.results import EvalResult, FinalCheckResult, TrainResult
 from ..search.stopping import StopCondition
 from .context import StepContext
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
-from .estimate import Estimate, PerCall, ask_to_confirm, combine, evaluations, given_per_call, per_unit, steps_of
+from .estimate import (
+    Estimate,
+    PerCall,
+    ask_to_confirm,
+    assumed_tokens,
+    combine,
+    evaluations,
+    given_per_call,
+    per_unit,
+    steps_of,
+)
 from .evaluation import aevaluate
 from .failures import DEFAULT_MAX_FAILURES, TooManyFailures, validate_max_failures
 from .final_check import not_run
@@ -420,11 +430,11 @@ class Minibatch:
                 proposers, aggregator, validation, evaluation, on workers too) on top of each
                 model's own budget. A budget that cannot pay for one step (and the initial
                 evaluation) is refused before the first step, with the figure needed.
-            confirm: before the first call of the run, estimate what it will spend
-                (`estimate()`, which runs the agent on 2 training examples and asks for one
-                proposal), print it and ask on the terminal (True), or ask a function of the
-                `Estimate` (returning True to go on). A no raises `RunNotConfirmed` and sends
-                nothing more. With `run_dir`, the estimate is kept as estimate.json, beside
+            confirm: before any call of the run, estimate what it will spend without a
+                call (`estimate()` with token figures assumed from the text of the values and
+                inputs, said in its assumptions), print it and ask on the terminal (True), or
+                ask a function of the `Estimate` (returning True to go on). A no raises
+                `RunNotConfirmed`: nothing was sent. With `run_dir`, the estimate is kept as estimate.json, beside
                 what the run spent (`opto report`).
 
         Returns:
@@ -450,7 +460,12 @@ class Minibatch:
             sizing = {"batch_size": batch_size, "num_epochs": num_epochs, "test_dataset": test_dataset,
                        "eval_frequency": eval_frequency, "stepsize": stepsize, "seed": seed, "shuffle": shuffle,
                        "min_score": min_score, "rollout_timeout": rollout_timeout, "budget": budget}  # fmt: skip
-            estimate = await self.aestimate(guide, train_dataset, **sizing)
+            # Nothing is sent before the answer: the estimate's tokens come from the text alone.
+            inputs = [e.x for e in load_dataset(train_dataset)[: max(batch_size, 2)]]
+            values = [p.value for p in self.agent.parameters(trainable_only=True)]
+            tokens, assumption = assumed_tokens(values, inputs, batch_size)
+            estimate = await self.aestimate(guide, train_dataset, tokens=tokens, **sizing)
+            estimate.assumptions.insert(0, assumption)
             ask_to_confirm(estimate, confirm)
         started = time.monotonic()
         train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,

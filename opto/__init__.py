@@ -70,6 +70,7 @@ from .llm import (
 
 # Data and guides.
 from .core.data import DataLoader, DatasetError, Example, load_dataset
+from .core.logged import LoggedRollout
 from .core.guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 
 # Errors: the root, the argument errors, and the model layer's tree.
@@ -183,6 +184,7 @@ __all__ = [
     "Feedback",
     "Guide",
     "LLMJudgeGuide",
+    "LoggedRollout",
     "load_dataset",
     # Errors
     "AuthenticationError",

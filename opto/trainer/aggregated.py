@@ -22,6 +22,7 @@ from .._util.files import json_key
 from ..core.agent import Agent
 from ..core.data import Example, load_dataset
 from ..core.guides import Guide
+from ..core.logged import logged_examples
 from ..core.rollout import Rollout, mean_score
 from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import RolloutExecutor
@@ -66,6 +67,7 @@ from ..search.validation import (
 from .estimate import PerCall, given_per_call, per_unit
 from .failures import check_failures
 from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
+from .logged import LoggedGuide, ReplayAgent
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
 from .trace_compat import InstanceOutput, TraceCompatible
@@ -134,6 +136,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             (one a step, in turn; the others are shown as fixed), or an
             `opto.search.ComponentSelector`.
     """
+
+    takes_logged = True
 
     def __init__(
         self,
@@ -288,9 +292,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         names = [p.name for p in self.agent.parameters(trainable_only=True) if p.name is not None]
         focus = self.components.select(names, ctx.step)
         self._focus = None if set(focus) >= set(names) else focus  # None: every parameter, no copies needed
-        rollouts, outputs = await self._rollouts_and_proposals(batch, ctx)
+        evidence = logged_examples(ctx.logged) if ctx.logged else batch
+        rollouts, outputs = await self._rollouts_and_proposals(evidence, ctx)
         proposals = [p for o in outputs for p in o.proposals]
         proposals += await self._propose_batch(rollouts, ctx)
+        if ctx.logged:  # decided on training examples, which the guide can judge a candidate on
+            rollouts = await self._current_rollouts(batch, ctx)
         if self.score_proposals:
             await score_proposals(
                 self.score_proposals,
@@ -458,15 +465,19 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             own = ctx.model_copy(update={"step_record": StepRecord(step=ctx.step, epoch=ctx.epoch)})
             instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own, per_instance)))
 
+        agent, guide = self.agent, ctx.guide
+        if ctx.logged:  # production's outputs, judged here: no agent call
+            agent, guide = ReplayAgent(self.agent, ctx.logged), LoggedGuide(ctx.guide, ctx.logged)
         try:
             rollouts = await self.executor.run(
-                self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
+                agent, guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
             )
             for rollout in rollouts:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+                ctx.emit(RolloutEvent(step=ctx.step, phase="logged" if ctx.logged else "train", **rollout.to_record()))
             ctx.failure_log.note(rollouts, f"step {ctx.step}")
             check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
-            self._warn_unread(rollouts, ctx.step)
+            if not ctx.logged:  # a replayed output reads no parameter
+                self._warn_unread(rollouts, ctx.step)
             for rollout in rollouts:
                 if rollout.example_id not in instances:  # an executor that does not report rollouts as they finish
                     propose(rollout)
@@ -482,6 +493,17 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                     for event in instances[key][0].step_record.events:  # type: ignore[union-attr]
                         ctx.emit(event)
         return rollouts, outputs
+
+    async def _current_rollouts(self, batch: list[Example], ctx: StepContext) -> list[Rollout]:
+        """The current values on `batch`, recorded as the step's training rollouts."""
+        rollouts = await self.executor.run(
+            self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+        )
+        for rollout in rollouts:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+        ctx.failure_log.note(rollouts, f"step {ctx.step}")
+        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+        return rollouts
 
     def _batch_proposers(self) -> list[BatchProposer]:
         """The proposers asked once a step, in their order: in reflective mode every one

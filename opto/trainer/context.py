@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.guides import Guide
+from ..core.logged import LoggedRollout
 from ..run.events import LedgerEvent, StepRecord
 from .failures import DEFAULT_MAX_FAILURES, FailureLog
 
@@ -27,6 +28,8 @@ class StepContext(BaseModel):
     failure_log: FailureLog = Field(default_factory=FailureLog)
     # What the step has done so far; the loop hands it to the sinks when the step ends.
     step_record: StepRecord | None = None
+    # Production's runs of the current values: the batch's rollouts, judged but not run again.
+    logged: list[LoggedRollout] | None = None
 
     def emit(self, event: LedgerEvent) -> None:
         """Add an event to this step's record (nothing is written during a step)."""

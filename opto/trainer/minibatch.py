@@ -6,7 +6,7 @@ import inspect
 import logging
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from .._util.files import atomic_write_json
 from ..core.agent import Agent
 from ..core.data import DataLoader, Example, load_dataset
 from ..core.guides import Guide, check_examples
+from ..core.logged import LoggedRollout, logged_examples
 from ..core.rollout import Rollout
 from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import AsyncioExecutor, RolloutExecutor
@@ -76,6 +77,9 @@ class Minibatch:
         concurrency: agent runs (and LLM calls the trainer starts) at once.
         executor: where rollouts run (default: `AsyncioExecutor(concurrency)` in this process).
     """
+
+    #: Whether `train(logged=...)` can make logged rollouts its first step's evidence.
+    takes_logged = False
 
     def __init__(self, agent: Agent, *, concurrency: int = 16, executor: RolloutExecutor | None = None) -> None:
         if not isinstance(agent, Agent):
@@ -353,6 +357,7 @@ class Minibatch:
         stop: StopCondition | None = None,
         budget: Budget | None = None,
         confirm: bool | Callable[[Estimate], bool] = False,
+        logged: Sequence[LoggedRollout] | None = None,
     ) -> TrainResult:
         """`atrain`, run to the end from synchronous code; it also works inside a running
         event loop (Jupyter). The arguments are `atrain`'s."""
@@ -389,6 +394,7 @@ class Minibatch:
         stop: StopCondition | None = None,
         budget: Budget | None = None,
         confirm: bool | Callable[[Estimate], bool] = False,
+        logged: Sequence[LoggedRollout] | None = None,
     ) -> TrainResult:
         """Train for `num_epochs` over `train_dataset` in batches of `batch_size`.
 
@@ -454,6 +460,10 @@ class Minibatch:
         for name, flag in (("verbose", verbose), ("resume", resume), ("shuffle", shuffle), ("progress", progress)):
             check_flag(name, flag)
         validate_max_failures(max_failures)
+        if logged:
+            if not self.takes_logged:
+                raise OptoValueError(f"{type(self).__name__} does not take logged rollouts: use AggregatedUpdate")
+            logged_examples(logged)  # each record checked before any call
         check_number("rollout_timeout", rollout_timeout, low=0.0, open_low=True, none_ok=True)
         estimate = None
         if confirm is not False:
@@ -496,7 +506,7 @@ class Minibatch:
         options = TrainOptions(
             stepsize=stepsize, num_epochs=num_epochs, eval_frequency=eval_frequency, log_frequency=log_frequency,
             min_score=min_score, verbose=verbose, progress=progress, max_failures=max_failures,
-            rollout_timeout=rollout_timeout, stop=stop, budget=budget,
+            rollout_timeout=rollout_timeout, stop=stop, budget=budget, logged=list(logged or []),
         )  # fmt: skip
         session = Session(self, guide, options, loader, test, run, writer, state, observers, started=started)
         await session.run_all()

@@ -30,6 +30,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..core.agent import Agent
 from ..core.data import DataLoader, Example
 from ..core.guides import Guide
+from ..core.logged import LoggedRollout
 from ..core.rollout import MetricCallsSpent, RolloutCounter, count_rollouts, uncounted
 from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageMeter, UsageStats, budget_scope, meter_usage
@@ -79,6 +80,7 @@ class TrainOptions:
     rollout_timeout: float | None
     stop: StopCondition | None
     budget: Budget | None
+    logged: list[LoggedRollout] = field(default_factory=list)
 
 
 @dataclass
@@ -171,6 +173,10 @@ class Session:
         if limit is not None and counter is not None:
             counter.limit = max(0, limit - self.prior_rollouts - self.trainer.reserved_calls())
         try:
+            if self.options.logged and self.state.step == 0 and not self.should_stop():
+                # Proposed from production's records; decided on the first training examples.
+                first = self.loader.dataset[: self.loader.batch_size]
+                await self.one_step(0, first, logged=self.options.logged)
             for epoch, _, batch in self.loader.iter_batches(self.options.num_epochs):
                 if self.should_stop():
                     return
@@ -231,11 +237,13 @@ class Session:
             logger.info("training stops before step %d: %s", self.state.step + 1, self.stopped)
         return self.stopped is not None
 
-    async def one_step(self, epoch: int, batch: list[Example]) -> None:
+    async def one_step(self, epoch: int, batch: list[Example], logged: list[LoggedRollout] | None = None) -> None:
         """The trainer's step, accounted and kept (ledger and checkpoint) before its
-        evaluation, so a stop there loses nothing; then its metrics line."""
+        evaluation, so a stop there loses nothing; then its metrics line. With `logged`,
+        the batch's rollouts are those records, judged but not run again."""
         state, trainer = self.state, self.trainer
         ctx = self._unfinished = self.context(state.step + 1, epoch)
+        ctx.logged = logged
         record = await trainer.step(batch, ctx)
         self._unfinished = None
         trainer._account(state, ctx, record, self.loader)

@@ -1,0 +1,113 @@
+"""`train(logged=...)`: production's runs of the starting values, with their feedback, as
+the first step's evidence: proposals from them with no agent call on them; candidates
+validated as in any step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from opto import (
+    Agent,
+    AggregatedUpdate,
+    ExactMatchGuide,
+    LoggedRollout,
+    OptoTypeError,
+    OptoValueError,
+    Optimizer,
+    Parameter,
+    RunDir,
+    ScriptedModel,
+)
+
+CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Peru": "Lima", "Japan": "Tokyo",
+            "Kenya": "Nairobi", "Egypt": "Cairo", "Chile": "Santiago", "Ghana": "Accra", "Nepal": "Kathmandu",
+            "Cuba": "Havana", "Fiji": "Suva", "Laos": "Vientiane", "Mali": "Bamako"}  # fmt: skip
+START = "Answer the question."
+RULE = "Answer with the capital city, in one word."
+
+
+class Capitals(Agent):
+    """Answers with the capital only when its prompt asks for the capital city; keeps
+    every (question, prompt) it ran with."""
+
+    def __init__(self) -> None:
+        self.prompt = Parameter(START, description="the system prompt")
+        self.ran: list[tuple[str, str]] = []
+
+    def forward(self, question: str) -> str:
+        self.ran.append((question, str(self.prompt.value)))
+        country = question.rsplit(" ", 1)[-1].rstrip("?")
+        return CAPITALS[country] if "capital city" in str(self.prompt.value) else "It is a lovely place."
+
+
+def question(country: str) -> str:
+    return f"What is the capital of {country}?"
+
+
+def optimizer_reply(messages: list[dict[str, Any]]) -> str:
+    """Proposes the rule only when production's feedback is in the prompt."""
+    text = messages[-1]["content"]
+    update = RULE if "Recorded feedback: the user wanted the city" in text else "Answer politely."
+    return json.dumps({"reasoning": "read the feedback", "suggestion": {"prompt": update}})
+
+
+def production(countries: list[str]) -> list[LoggedRollout]:
+    return [
+        LoggedRollout(x=question(c), output="It is a lovely place.", score=0.0,
+                      feedback="the user wanted the city", id=f"trace-{c}", time=1_700_000_000 + i)
+        for i, c in enumerate(countries)
+    ]  # fmt: skip
+
+
+def test_the_first_proposals_come_from_logged_feedback_without_running_the_agent_on_it(tmp_path: Path) -> None:
+    agent, optimizer = Capitals(), ScriptedModel(optimizer_reply, name="optimizer")
+    logged_countries, train_countries = list(CAPITALS)[:4], list(CAPITALS)[4:]
+    train = [(question(c), CAPITALS[c]) for c in train_countries]
+    result = AggregatedUpdate(agent, Optimizer(optimizer)).train(
+        ExactMatchGuide(), train, batch_size=4, logged=production(logged_countries), run_dir=tmp_path / "run",
+        progress=False,
+    )  # fmt: skip
+    logged_inputs = {question(c) for c in logged_countries}
+    assert not [q for q, prompt in agent.ran if q in logged_inputs and prompt == START]  # never re-run
+    assert result.final_parameters["prompt"] == RULE and result.accepted >= 1
+    ledger = RunDir(tmp_path / "run").ledger()
+    first = [r for r in ledger if r["type"] == "rollout" and r["step"] == 1 and r["phase"] == "logged"]
+    assert sorted(r["instance_id"] for r in first) == sorted(f"trace-{c}" for c in logged_countries)
+    assert all(r["output"] == "It is a lovely place." and r["score"] == 0.0 for r in first)
+    proposals = [r for r in ledger if r["type"] == "proposal" and r["step"] == 1]
+    assert proposals and proposals[0]["update"] == {"prompt": RULE}  # production's feedback reached the optimizer
+
+
+def test_an_expectation_is_judged_by_the_guide_and_the_recorded_output_is_never_a_target() -> None:
+    agent = Capitals()
+    record = LoggedRollout(x=question("Peru"), output="Lima", info="Lima", score=0.0, feedback="thumbs down by mistake")
+    seen: list[str] = []
+
+    def reply(messages: list[dict[str, Any]]) -> str:
+        seen.append(messages[-1]["content"])
+        return json.dumps({"reasoning": "nothing to fix", "suggestion": {}})
+
+    AggregatedUpdate(agent, Optimizer(ScriptedModel(reply))).train(
+        ExactMatchGuide(), [(question("Chile"), "Santiago")], logged=[record, *production(["Cuba"])], progress=False
+    )
+    shown = "\n".join(seen)
+    assert "thumbs down by mistake" in shown  # the recorded feedback is shown...
+    assert "score: 1.0" in shown  # ...beside the guide's judgment of the output against the expectation
+
+
+def test_bad_logged_records_are_refused_before_any_call() -> None:
+    agent, model = Capitals(), ScriptedModel(optimizer_reply)
+    trainer = AggregatedUpdate(agent, Optimizer(model))
+    with pytest.raises(OptoTypeError, match=r"logged\[1\] must be a LoggedRollout"):
+        trainer.train(ExactMatchGuide(), [("q", "a")], logged=[*production(["Peru"]), "a trace"], progress=False)
+    with pytest.raises(OptoValueError, match="'trace-Peru' is repeated"):
+        trainer.train(ExactMatchGuide(), [("q", "a")], logged=production(["Peru", "Peru"]), progress=False)
+    with pytest.raises(ValidationError, match="outside"):
+        LoggedRollout(x="q", output="a", score=5)
+    assert agent.ran == [] and model.requests == []
+    assert not LoggedRollout(x="q", output="a").has_signal and production(["Peru"])[0].has_signal

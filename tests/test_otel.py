@@ -363,3 +363,20 @@ def test_a_budget_stops_a_langgraph_run(langchain_traced, tmp_path):
                                shuffle=False, budget=budget)
     assert result.stopped_reason is not None and result.stopped_reason.startswith("budget exceeded")
     assert result.steps < 3 and budget.calls >= 8
+
+
+def test_a_handle_that_saw_no_span_says_it_was_attached_where_nothing_writes(caplog):
+    watched, elsewhere = TracerProvider(), TracerProvider()
+    handle = trace_otel(watched)
+    with elsewhere.get_tracer("app").start_as_current_span("chat gpt-4o-mini"):  # another provider: unseen
+        pass
+    with caplog.at_level(logging.WARNING, logger="opto.llm.otel"):
+        handle.close()
+    assert handle.spans_seen == 0 and "saw no span on its TracerProvider" in caplog.text
+    caplog.clear()
+    seen = trace_otel(watched)
+    with watched.get_tracer("app").start_as_current_span("a span"):
+        pass
+    with caplog.at_level(logging.WARNING, logger="opto.llm.otel"):
+        seen.close()
+    assert seen.spans_seen == 1 and "saw no span" not in caplog.text

@@ -75,6 +75,7 @@ class OtelTracing:
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self.skipped = 0  # spans left out: recorded by opto itself, or unreadable
+        self.spans_seen = 0  # every span that ended on the provider, whatever it was
 
     # The SpanProcessor protocol -------------------------------------------------------
 
@@ -96,6 +97,7 @@ class OtelTracing:
     def on_end(self, span: Any) -> None:
         with self._lock:
             owner = self._owners.pop(span.context.span_id, _Owner(None, (), ()))
+            self.spans_seen += 1
         attributes: Mapping[str, Any] = span.attributes or {}
         kind = _kind(attributes)
         if kind is None:
@@ -143,7 +145,14 @@ class OtelTracing:
             owner.trace.append(call)
 
     def close(self) -> None:
-        """Remove the processor: the provider's processors are again exactly what they were."""
+        """Remove the processor: the provider's processors are again exactly what they were.
+        A handle that saw no span at all says so: it was attached where nothing writes."""
+        if self.spans_seen == 0:
+            logger.warning(
+                "trace_otel saw no span on its TracerProvider: the instrumentor writes to another provider "
+                "(MLflow's tracing keeps one of its own); pass the provider it uses to trace_otel and to the "
+                "instrumentor"
+            )
         active = self.provider._active_span_processor  # the SDK has no public way to remove one
         with active._lock:
             active._span_processors = tuple(p for p in active._span_processors if p is not self)

@@ -111,3 +111,38 @@ def test_bad_logged_records_are_refused_before_any_call() -> None:
         LoggedRollout(x="q", output="a", score=5)
     assert agent.ran == [] and model.requests == []
     assert not LoggedRollout(x="q", output="a").has_signal and production(["Peru"])[0].has_signal
+
+
+def expected(countries: list[str], start: int) -> list[LoggedRollout]:
+    """Production records whose users gave the right answer (expectations), in time order."""
+    return [
+        LoggedRollout(x=question(c), output="It is a lovely place.", score=0.0, info=CAPITALS[c],
+                      feedback="the user wanted the city", id=f"trace-{c}", time=start + i)
+        for i, c in enumerate(countries)
+    ]  # fmt: skip
+
+
+def test_the_newest_traces_are_held_out_for_the_final_check(tmp_path: Path) -> None:
+    from opto import FinalCheck
+    from opto.core.logged import split_newest
+
+    records = expected(list(CAPITALS)[:12], 1_700_000_000)
+    older, newest = split_newest(records, 0.25)
+    assert [r.id for r in newest] == ["trace-Nepal", "trace-Cuba", "trace-Fiji"] and len(older) == 9
+    assert split_newest(records, at=1_700_000_009)[1] == newest  # a window by time
+    agent = Capitals()
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
+    train = [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]]
+    result = trainer.train(ExactMatchGuide(), train, batch_size=3, logged=older, run_dir=tmp_path / "run",
+                           progress=False)  # fmt: skip
+    check = result.final_check
+    assert check is not None and check.kind == "held-out" and check.example_ids == ["trace-Nepal", "trace-Cuba", "trace-Fiji"]
+    assert check.returned == "final" and result.final_parameters["prompt"] == RULE
+    newest_inputs = {question(c) for c in ("Nepal", "Cuba", "Fiji")}
+    decided = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "rollout" and r["x"] in newest_inputs]
+    assert decided == []  # the search never ran on them (the check's rollouts are not in the ledger)
+    assert {q for q, _ in agent.ran} & newest_inputs  # but the check did
+    with pytest.raises(OptoValueError, match="share ids with the training data"):
+        AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply)),
+                         final_check=FinalCheck(examples=[(question("Peru"), "Lima")])).train(
+            ExactMatchGuide(), [(question("Peru"), "Lima")], progress=False)  # fmt: skip

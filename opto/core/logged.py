@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..errors import OptoTypeError, OptoValueError
 from .data import Example
 
-__all__ = ["LoggedRollout", "logged_examples"]
+__all__ = ["LoggedRollout", "logged_examples", "split_newest"]
 
 
 class LoggedRollout(BaseModel):
@@ -79,3 +79,19 @@ def logged_examples(records: Sequence[LoggedRollout]) -> list[Example]:
         seen.add(key)
         found.append(Example(record.x, record.info, id=key))
     return found
+
+
+def split_newest(
+    records: Sequence[LoggedRollout], newest: float = 0.25, *, at: float | None = None
+) -> tuple[list[LoggedRollout], list[LoggedRollout]]:
+    """(older, newest) records by time: the newest `newest` share (a fraction in (0, 1))
+    or, with `at`, every record from that time on (a window: optimize on what came
+    before, check on what came after). Records with no time count as the oldest."""
+    ordered = sorted(records, key=lambda r: r.time if r.time is not None else float("-inf"))
+    if at is not None:
+        return [r for r in ordered if r.time is None or r.time < at], [r for r in ordered if r.time is not None
+                                                                       and r.time >= at]  # fmt: skip
+    if not 0.0 < newest < 1.0:
+        raise OptoValueError(f"newest must be a share within (0, 1), got {newest!r}")
+    cut = len(ordered) - max(1, round(newest * len(ordered))) if ordered else 0
+    return ordered[:cut], ordered[cut:]

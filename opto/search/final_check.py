@@ -13,9 +13,12 @@ values and the start are compared example by example with a one-sided paired tes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..core.data import Example
+from ..core.data import Example, load_dataset
+from ..core.logged import LoggedRollout, logged_examples
 from ..errors import OptoValueError
 from .holdout import seeded_split
 
@@ -47,6 +50,9 @@ class FinalCheck:
             seeded sample of the training and validation examples); None: all of them.
             A run on a small metric-call budget (GEPA's bridge) keeps the check's cost
             in proportion with it.
+        examples: the examples to check on instead of reserving some of the training
+            data (any dataset shape `train()` takes, or `LoggedRollout`s: the newest
+            traces, `opto.core.logged.split_newest`); the search never decides on them.
     """
 
     fraction: float = 0.25
@@ -58,6 +64,7 @@ class FinalCheck:
     probe: int = 12
     min_rollouts: int = 60
     rerun_size: int | None = None
+    examples: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
@@ -77,10 +84,26 @@ class FinalCheck:
 
     def reserve(self, examples: list[Example], seed: int) -> tuple[list[Example], list[Example]]:
         """(examples left to train on, examples reserved for the check), both in their
-        original order; nothing is reserved from fewer than `min_data` examples."""
+        original order; nothing is reserved from fewer than `min_data` examples. Given
+        `examples` are the check's, and none of the training data is reserved."""
+        if self.examples is not None:
+            return examples, self._given(examples)
         if len(examples) < self.min_data:
             return examples, []
         return seeded_split(examples, self.fraction, self.min_size, self.max_size, f"opto-final-check|{seed}")
+
+    def _given(self, training: list[Example]) -> list[Example]:
+        given = list(self.examples or [])
+        if not given:
+            raise OptoValueError("FinalCheck examples is empty: give the examples to check on, or leave it None")
+        found = logged_examples(given) if all(isinstance(e, LoggedRollout) for e in given) else load_dataset(given)
+        shared = sorted({str(e.id) for e in found} & {str(e.id) for e in training})
+        if shared:
+            raise OptoValueError(
+                f"FinalCheck examples share ids with the training data ({', '.join(map(str, shared[:5]))}): the "
+                "check must run on examples the search never decides on"
+            )
+        return found
 
     def rounds(self, examples: int) -> int:
         """Rollouts per example at a noisy check's second look."""

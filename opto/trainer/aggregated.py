@@ -391,6 +391,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     def has_final_check(self) -> bool:
         return self.final_check is not None
 
+    def check_set(self) -> list[Example]:
+        return list(self._check_examples)
+
     def reserved_calls(self) -> int:
         """The final check's first look: the start and the final values once on each of its
         examples (one call per rollout assumed). A noisy agent's second look and a fallback

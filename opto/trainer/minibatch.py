@@ -174,6 +174,10 @@ class Minibatch:
         """The rollouts a run makes outside its steps to check what it returns (none here)."""
         return 0
 
+    def check_set(self) -> list[Example]:
+        """The examples set apart for the final check (none here)."""
+        return []
+
     def reserved_calls(self) -> int:
         """Calls `check_final` is expected to make at the fewest (none here), which stop
         conditions on calls count as spent."""
@@ -485,6 +489,7 @@ class Minibatch:
         # Every example the run will use, checked against what the guide needs before any call.
         check_examples(guide, loader.dataset, "train_dataset")
         check_examples(guide, self.validation_examples(), "the validation set")
+        check_examples(guide, self.check_set(), "the final check's examples")
         check_examples(guide, test or [], "test_dataset")
         config = {
             "batch_size": batch_size,

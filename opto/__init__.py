@@ -70,6 +70,7 @@ from .llm import (
 
 # Data and guides.
 from .core.data import DataLoader, DatasetError, Example, load_dataset
+from .core.feedback_guide import FeedbackGuide
 from .core.logged import LoggedRollout
 from .core.guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
 
@@ -182,6 +183,7 @@ __all__ = [
     "Example",
     "ExactMatchGuide",
     "Feedback",
+    "FeedbackGuide",
     "Guide",
     "LLMJudgeGuide",
     "LoggedRollout",

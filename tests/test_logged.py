@@ -146,3 +146,32 @@ def test_the_newest_traces_are_held_out_for_the_final_check(tmp_path: Path) -> N
         AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply)),
                          final_check=FinalCheck(examples=[(question("Peru"), "Lima")])).train(
             ExactMatchGuide(), [(question("Peru"), "Lima")], progress=False)  # fmt: skip
+
+
+def judge_reply(messages: list[dict[str, Any]]) -> str:
+    """A judge that reads the output: a capital city scores 10, anything else 0."""
+    text = messages[-1]["content"]
+    output = text.split("Output", 1)[-1] if "Output" in text else text
+    right = any(city in output.split("Reference", 1)[0] for city in CAPITALS.values())
+    return "The users wanted the city.\nScore: " + ("10" if right else "0")
+
+
+def test_a_feedback_guide_judges_from_the_users_words_after_checking_its_judge() -> None:
+    from opto import FeedbackGuide
+
+    records = [*production(list(CAPITALS)[:3]),
+               LoggedRollout(x=question("Cuba"), output="Havana", score=1.0, feedback="thanks", id="trace-ok")]  # fmt: skip
+    guide = FeedbackGuide(ScriptedModel(judge_reply, name="judge"), records)
+    agreement = guide.check_agreement()
+    assert (agreement.agreed, agreement.compared) == (4, 4) and "4 of 4" in agreement.summary()
+    agent = Capitals()
+    result = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply))).train(
+        guide, [(question(c), None) for c in list(CAPITALS)[:3]] + [(question("Chile"), "Santiago")],
+        batch_size=2, logged=records, progress=False,
+    )  # fmt: skip
+    assert result.final_parameters["prompt"] == RULE  # judged by the users' words where no answer was given
+
+    flatterer = FeedbackGuide(ScriptedModel(lambda messages: "Lovely.\nScore: 10", name="judge"), records)
+    with pytest.raises(OptoValueError, match=r"refuses its judge: the judge agreed .* on 1 of 4 logged outputs \(25%"):
+        flatterer.check_agreement()
+    assert FeedbackGuide(ScriptedModel(judge_reply), records).check_example("an input never logged", None)

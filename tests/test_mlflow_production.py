@@ -1,0 +1,116 @@
+"""Learning from production with MLflow 3: a real MLflow server on 127.0.0.1 (SQLite store),
+traces and feedback written through MLflow's own API, a prompt served by the alias
+`@production`; opto reads the traces, optimizes, checks on the newest, publishes or
+refuses, and rolls back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opto import AggregatedUpdate, ExactMatchGuide, FinalCheck, Optimizer, ScriptedModel
+from opto.core.logged import split_newest
+from opto.errors import OptoValueError
+
+pytest.importorskip("mlflow.server", reason="MLflow's full package (the dev extra) runs a tracking server")
+import mlflow  # noqa: E402
+from mlflow_server import mlflow_server, registered, traced_production  # noqa: E402
+from test_logged import CAPITALS, RULE, START, Capitals, question  # noqa: E402
+
+from opto.integrations.mlflow import publish, read_traces, registry_prompt, rollback  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("mlflow_server")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+def optimizer_reply(messages: list[dict[str, Any]]) -> str:
+    update = RULE if "I wanted the city" in messages[-1]["content"] else "Answer politely."
+    return json.dumps({"reasoning": "the users asked for the city", "suggestion": {"prompt": update}})
+
+
+def test_traces_and_their_assessments_become_records(server: str) -> None:
+    found = read_traces(traced_production(["France", "Peru"]), rating_scale=(1, 5))
+    assert found.without_feedback == 1 and [r.x for r in found.records] == [question("France"), question("Peru")]
+    record = found.records[0]
+    assert record.output == "It is a lovely place." and record.info == "Paris" and record.id.startswith("tr-")
+    assert record.score == pytest.approx((0.0 + 0.25) / 2)  # thumbs down, and a rating of 2 on 1-5
+    assert "thumbs = False (by HUMAN): I wanted the city" in record.feedback and record.time > 1.7e9
+
+
+def test_read_optimize_check_publish_and_roll_back(server: str, tmp_path: Path) -> None:
+    records = read_traces(traced_production(list(CAPITALS)[:12])).records
+    older, newest = split_newest(records, 0.25)  # the newest traces: the check's, never the search's
+    agent = Capitals()
+    agent.prompt = registry_prompt(registered(START), name="prompt")
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
+    result = trainer.train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
+                           logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    assert result.final_check is not None and result.final_check.returned == "final"
+
+    done = publish(result, agent.prompt, message="asks for the capital")
+    assert done.promoted and done.aliases == {"production": 2, "previous": 1}
+    served = mlflow.genai.load_prompt(f"prompts:/{agent.prompt.prompt_name}@production", cache_ttl_seconds=0)
+    assert served.template == RULE and "final check (held-out" in served.commit_message
+    assert served.tags["opto.run_dir"] == str(tmp_path / "run")
+    assert publish(result, registry_prompt(f"prompts:/{agent.prompt.prompt_name}@production", name="prompt")).registered is None
+
+    back = rollback(agent.prompt)
+    assert back.aliases == {"production": 1}
+    assert mlflow.genai.load_prompt(f"prompts:/{agent.prompt.prompt_name}@production", cache_ttl_seconds=0).template == START
+
+
+def test_a_run_whose_check_fails_is_not_promoted(server: str) -> None:
+    agent = Capitals()
+    agent.prompt = registry_prompt(registered(START), name="prompt")
+    useless = ScriptedModel(lambda m: json.dumps({"reasoning": "r", "suggestion": {"prompt": "Answer politely."}}))
+    result = AggregatedUpdate(agent, Optimizer(useless), validation="none").train(
+        ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[:4]], progress=False
+    )
+    assert result.final_check is not None and result.final_check.returned != "final"
+    assert result.final_check.search_parameters["prompt"] == "Answer politely."  # the search moved; the check: no
+    refused = publish(result, agent.prompt)
+    assert refused.registered is None and not refused.promoted and "did not pass" in refused.reason
+    kept = publish(result, agent.prompt, unchecked="register")
+    assert kept.registered == 2 and not kept.promoted and kept.aliases == {"production": 1}
+
+
+def test_a_publish_stopped_halfway_runs_again_without_a_second_version(server: str, monkeypatch, tmp_path) -> None:
+    records = read_traces(traced_production(list(CAPITALS)[:12])).records
+    older, newest = split_newest(records, 0.25)
+    agent = Capitals()
+    agent.prompt = registry_prompt(registered(START), name="prompt")
+    result = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest)
+                              ).train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
+                                      logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    client = mlflow.MlflowClient()
+    real = client.set_prompt_alias
+
+    def unreachable(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the registry went away")
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_prompt_alias", unreachable)
+    with pytest.raises(ConnectionError):
+        publish(result, agent.prompt)
+    name = agent.prompt.prompt_name
+    assert client.get_prompt_version_by_alias(name, "production").version == 1  # the alias did not move
+    monkeypatch.setattr(mlflow.MlflowClient, "set_prompt_alias", real)
+    again = publish(result, agent.prompt)
+    assert again.promoted and again.registered == 2 and len(list(client.search_prompt_versions(name))) == 2
+
+
+def test_bad_registry_names_are_refused(server: str) -> None:
+    with pytest.raises(OptoValueError, match="prompts:/NAME@ALIAS"):
+        registry_prompt("capitals")
+    with pytest.raises(OptoValueError, match="no 'previous' alias"):
+        rollback(registered(START))
+    with pytest.raises(OptoValueError, match="no MLflow experiment"):
+        read_traces("no-such-experiment-anywhere")

@@ -130,9 +130,23 @@ def weights_page(setting: Setting, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         yield
 
 
+@contextlib.contextmanager
+def production_page(setting: Setting, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A real MLflow server with the production the page reads: traced requests with
+    feedback and expected answers, and the prompt it serves."""
+    from mlflow_server import mlflow_server, registered, traced_production
+
+    with mlflow_server(setting.folder) as url:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        traced_production(["France", "Italy", "Peru", "Chile", "Japan", "Kenya"], name="production")
+        registered("Answer the question.", name="capitals")
+        yield
+
+
 REPLIES: dict[str, Callable[[dict[str, Any]], Any]] = {"docs/guides/prompts-to-weights.md": two_proposals_reply}
 PAGE_SETUP: dict[str, Callable[[Setting, pytest.MonkeyPatch], contextlib.AbstractContextManager[None]]] = {
     "docs/guides/prompts-to-weights.md": weights_page,
+    "docs/guides/production.md": production_page,
 }
 
 
@@ -201,6 +215,11 @@ def check_stopping_page(outputs: list[str], setting: Setting) -> None:
     assert _last_line(outputs[0]).startswith("TargetScore(0.95): validation score 1.0000")
 
 
+def check_production_page(outputs: list[str], setting: Setting) -> None:
+    assert outputs[-1].splitlines()[-2].startswith("published version 2 as 'production' (final check (held-out, 3")
+    assert _last_line(outputs[-1]) == "'production' points again at version 1"
+
+
 def check_opentelemetry_page(outputs: list[str], setting: Setting) -> None:
     assert _last_line(outputs[0]) == "1.0 ['fake-model']"
 
@@ -222,6 +241,7 @@ CHECKS: dict[str, Callable[[list[str], Setting], None]] = {
     "docs/guides/search.md": check_search_page,
     "docs/guides/prompts-to-weights.md": check_weights_page,
     "docs/guides/stopping.md": check_stopping_page,
+    "docs/guides/production.md": check_production_page,
     "docs/exceptions.md": check_exceptions_page,
     "docs/guides/opentelemetry.md": check_opentelemetry_page,
     "docs/guides/ray.md": check_ray_page,

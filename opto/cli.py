@@ -640,6 +640,58 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _add_production_parser(commands: Any) -> None:
+    cycle = commands.add_parser(
+        "production",
+        help="learn from production: read traces and feedback, train, check on the newest, publish or refuse",
+    )
+    cycle.add_argument("--agent", required=True, help="MODULE:FACTORY, a function returning your opto Agent")
+    cycle.add_argument("--prompt", required=True, help="the registry prompt, prompts:/NAME@ALIAS (MLflow)")
+    cycle.add_argument("--parameter", default="prompt", help="the agent's parameter holding it (default: prompt)")
+    source = cycle.add_mutually_exclusive_group(required=True)
+    source.add_argument("--experiment", help="the MLflow experiment to read traces from")
+    source.add_argument("--otlp", help="an OTLP JSON export to read traces from")
+    cycle.add_argument("--model", required=True, help="the optimizer's model (a LiteLLM name, or a name on --base-url)")
+    cycle.add_argument("--base-url", help="an OpenAI-compatible API root for --model; the key from OPENAI_API_KEY")
+    cycle.add_argument("--judge-model", help="a judge for traces without an expected answer (same server)")
+    cycle.add_argument("--newest", type=float, default=0.25, help="share of the newest traces to check on (0.25)")
+    cycle.add_argument("--run-dir", help="the run's directory (ledger, checkpoint; resumed when it holds a run)")
+    cycle.add_argument("--message", help="the commit message of a published version")
+    cycle.add_argument("--dry-run", action="store_true", help="check, but register nothing")
+    cycle.set_defaults(handler=_production)
+
+
+def _production(args: argparse.Namespace) -> int:
+    """Exit 0 when a better prompt was published (or would be, in a dry run), 3 when the
+    cycle could not improve with evidence."""
+    from .recipes.production import load_agent, production_cycle
+
+    def model(name: str) -> Any:
+        if args.base_url:
+            from .llm import OpenAIModel
+
+            return OpenAIModel(name, base_url=args.base_url)
+        from .llm.litellm_model import LiteLLMModel
+
+        return LiteLLMModel(name)
+
+    cycle = production_cycle(
+        load_agent(args.agent),
+        model(args.model),
+        prompt=args.prompt,
+        parameter=args.parameter,
+        experiment=args.experiment,
+        otlp=args.otlp,
+        newest=args.newest,
+        judge=model(args.judge_model) if args.judge_model else None,
+        publish_result=not args.dry_run,
+        run_dir=args.run_dir,
+        message=args.message,
+    )
+    print(cycle.summary())
+    return 0 if cycle.improved else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opto", description="Optimize the text parameters of LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -757,6 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write report.html: one self-contained page with each step's candidates and diffs",
     )
     report.set_defaults(handler=_report)
+    _add_production_parser(commands)
     _add_export_parser(commands)
     _add_finetune_parser(commands)
     return parser

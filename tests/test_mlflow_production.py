@@ -114,3 +114,57 @@ def test_bad_registry_names_are_refused(server: str) -> None:
         rollback(registered(START))
     with pytest.raises(OptoValueError, match="no MLflow experiment"):
         read_traces("no-such-experiment-anywhere")
+
+
+AGENT = """
+from opto import Agent, Parameter
+
+CAPITALS = {capitals!r}
+
+
+class Capitals(Agent):
+    def __init__(self):
+        self.prompt = Parameter("Answer the question.", description="the system prompt")
+
+    def forward(self, question):
+        country = question.rsplit(" ", 1)[-1].rstrip("?")
+        return CAPITALS[country] if "capital city" in self.prompt.value else "It is a lovely place."
+
+
+def make_agent():
+    return Capitals()
+"""
+
+
+def test_the_periodic_job_is_one_command_that_says_what_it_did(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opto.cli import main
+    from opto.testing import FakeOpenAIServer
+
+    (tmp_path / "prod_agent.py").write_text(AGENT.format(capitals=CAPITALS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    experiment = traced_production(list(CAPITALS)[:12])
+    uri = registered(START)
+
+    def reply(body: dict[str, Any]) -> str:
+        return optimizer_reply(body["messages"])
+
+    with FakeOpenAIServer(reply) as optimizer:
+        base = ["production", "--agent", "prod_agent:make_agent", "--prompt", uri, "--experiment", experiment,
+                "--model", "optimizer", "--base-url", optimizer.base_url]  # fmt: skip
+        assert main([*base, "--dry-run"]) == 0
+        assert "a dry run: nothing registered" in capsys.readouterr().out
+        assert main(base) == 0
+        said = capsys.readouterr().out
+    assert "trained on 9 logged traces; checked on the newest 3" in said and "published version 2" in said
+    assert mlflow.genai.load_prompt(uri, cache_ttl_seconds=0).template == RULE
+
+    useless = lambda body: json.dumps({"reasoning": "r", "suggestion": {"prompt": "Answer politely."}})  # noqa: E731
+    with FakeOpenAIServer(useless) as optimizer:
+        other = registered(START)
+        code = main(["production", "--agent", "prod_agent:make_agent", "--prompt", other, "--experiment", experiment,
+                     "--model", "optimizer", "--base-url", optimizer.base_url])  # fmt: skip
+    assert code == 3 and "could not" not in capsys.readouterr().err  # refused with evidence, not an error
+    assert mlflow.genai.load_prompt(other, cache_ttl_seconds=0).template == START

@@ -664,7 +664,7 @@ def _add_production_parser(commands: Any) -> None:
 def _production(args: argparse.Namespace) -> int:
     """Exit 0 when a better prompt was published (or would be, in a dry run), 3 when the
     cycle could not improve with evidence."""
-    from .recipes.production import load_agent, production_cycle
+    from .integrations.production import load_agent, production_cycle
 
     def model(name: str) -> Any:
         if args.base_url:

@@ -52,7 +52,7 @@ class LoggedRollout(BaseModel):
     @classmethod
     def _in_range(cls, score: float | None) -> float | None:
         if score is not None and not 0.0 <= score <= 1.0:
-            raise ValueError(f"score: {score} is outside [0, 1]: scale a rating to it (thumbs up 1, down 0)")
+            raise OptoValueError(f"score: {score} is outside [0, 1]: scale a rating to it (thumbs up 1, down 0)")
         return score
 
     @property

@@ -444,8 +444,13 @@ class Minibatch:
                 call (`estimate()` with token figures assumed from the text of the values and
                 inputs, said in its assumptions), print it and ask on the terminal (True), or
                 ask a function of the `Estimate` (returning True to go on). A no raises
-                `RunNotConfirmed`: nothing was sent. With `run_dir`, the estimate is kept as estimate.json, beside
-                what the run spent (`opto report`).
+                `RunNotConfirmed`: nothing was sent. With `run_dir`, the estimate is kept as
+                estimate.json, beside what the run spent (`opto report`).
+            logged: `LoggedRollout`s, production's runs of the starting values with their
+                feedback: a new run's first step takes them as its evidence (the guide
+                judges the recorded outputs, the recorded feedback is shown beside its
+                own) and proposes from them without running the agent on them; its
+                candidates are decided on the first training examples, as in any step.
 
         Returns:
             A `TrainResult`: scores, decisions, final values, usage and `stopped_reason`.

@@ -99,7 +99,7 @@ def production_cycle(
         run_dir: the run's directory (ledger, checkpoint).
         message: the commit message of a published version.
     """
-    from ..integrations.mlflow import publish, registry_prompt
+    from .mlflow import publish, registry_prompt
 
     if (experiment is None) == (otlp is None):
         raise OptoValueError("read traces from one place: an MLflow experiment or an OTLP JSON file")
@@ -130,7 +130,7 @@ def production_cycle(
 
 
 def _mlflow_traces(experiment: str | None) -> TraceRecords:
-    from ..integrations.mlflow import read_traces
+    from .mlflow import read_traces
 
     return read_traces(experiment)
 

@@ -128,3 +128,13 @@ def _ctrl_c_works():
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real MLflow server (SQLite store) for the worker's tests of learning from
+    production; they share it through the xdist group "mlflow_server"."""
+    from mlflow_server import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url

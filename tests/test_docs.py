@@ -58,9 +58,11 @@ PAGE_MARKS = {
     "docs/getting-started.md": [pytest.mark.local_model],
     "docs/guides/prompts-to-weights.md": [pytest.mark.local_model],
     "docs/guides/ray.md": [pytest.mark.ray, pytest.mark.xdist_group("ray")],  # one Ray instance at a time
+    "docs/guides/production.md": [pytest.mark.xdist_group("mlflow_server")],  # the MLflow server of its tests
 }
 # Pages that fine-tune the converted embedded model: the conversion made once for the run (conftest.py).
-PAGE_FIXTURES = {"docs/guides/prompts-to-weights.md": ["embedded_hf_model"]}
+PAGE_FIXTURES = {"docs/guides/prompts-to-weights.md": ["embedded_hf_model"],
+                 "docs/guides/production.md": ["mlflow_tracking_server"]}
 
 
 # ------------------------------------------------------------------ the fakes' replies
@@ -134,13 +136,13 @@ def weights_page(setting: Setting, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def production_page(setting: Setting, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A real MLflow server with the production the page reads: traced requests with
     feedback and expected answers, and the prompt it serves."""
-    from mlflow_server import mlflow_server, registered, traced_production
+    import mlflow
+    from mlflow_server import registered, traced_production
 
-    with mlflow_server(setting.folder) as url:
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-        traced_production(["France", "Italy", "Peru", "Chile", "Japan", "Kenya"], name="production")
-        registered("Answer the question.", name="capitals")
-        yield
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])  # the session's server (PAGE_FIXTURES)
+    traced_production(["France", "Italy", "Peru", "Chile", "Japan", "Kenya"], name="production")
+    registered("Answer the question.", name="capitals")
+    yield
 
 
 REPLIES: dict[str, Callable[[dict[str, Any]], Any]] = {"docs/guides/prompts-to-weights.md": two_proposals_reply}

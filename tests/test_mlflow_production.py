@@ -18,7 +18,7 @@ from opto.errors import OptoValueError
 
 pytest.importorskip("mlflow.server", reason="MLflow's full package (the dev extra) runs a tracking server")
 import mlflow  # noqa: E402
-from mlflow_server import mlflow_server, registered, traced_production  # noqa: E402
+from mlflow_server import registered, traced_production  # noqa: E402
 from test_logged import CAPITALS, RULE, START, Capitals, question  # noqa: E402
 
 from opto.integrations.mlflow import publish, read_traces, registry_prompt, rollback  # noqa: E402
@@ -26,10 +26,10 @@ from opto.integrations.mlflow import publish, read_traces, registry_prompt, roll
 pytestmark = pytest.mark.xdist_group("mlflow_server")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
-        yield url
+@pytest.fixture
+def server(mlflow_tracking_server: str) -> str:
+    mlflow.set_tracking_uri(mlflow_tracking_server)
+    return mlflow_tracking_server
 
 
 def optimizer_reply(messages: list[dict[str, Any]]) -> str:

@@ -116,3 +116,12 @@ def test_a_dspy_program_compiled_by_opto(tmp_path: Path) -> None:
     assert "answer's instructions: 'Reply with the capital city only" in out
     assert "saved and loaded: the same answers: True" in out
     assert "LM calls per rollout in the ledger: [2]" in out  # both predictors' calls, in every rollout
+
+
+def test_production_publishes_a_checked_prompt_and_rolls_it_back(tmp_path: Path) -> None:
+    pytest.importorskip("mlflow.server", reason="MLflow's full package (the dev extra)")
+    out = run_example("production.py", tmp_path)
+    assert "12 traces with feedback" in out
+    assert "published version 2 as 'production'" in out
+    assert "production serves: Answer with the capital city, in one word." in out
+    assert out.strip().endswith("'production' points again at version 1")

@@ -23,6 +23,7 @@ traces, and MLflow's full package with a tracking server for the prompt registry
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -82,8 +83,9 @@ def read_traces(
     """
     mlflow = _mlflow()
     ids = [_experiment_id(mlflow, experiment)]
-    traces = mlflow.search_traces(
-        experiment_ids=ids, max_results=max_results, filter_string=filter_string, return_type="list"
+    where = "locations" if "locations" in inspect.signature(mlflow.search_traces).parameters else "experiment_ids"
+    traces = mlflow.search_traces(  # MLflow 3.x names the experiments `locations` from some 3.x on
+        **{where: ids}, max_results=max_results, filter_string=filter_string, return_type="list"
     )
     found = TraceRecords(source=f"MLflow experiment {ids[0]}")
     for trace in traces:

@@ -1,7 +1,7 @@
 """`FeedbackGuide`: a guide made from production's feedback, for inputs production logged.
 
-Where someone gave the expected answer (the example's `info`), an output is compared with
-it (`ExactMatchGuide`). Where there is only feedback, an LLM judge scores the output from
+Where someone gave the expected answer (the example's `info`), an output is right when it
+contains that answer as a whole phrase (a production answer rarely is the bare answer). Where there is only feedback, an LLM judge scores the output from
 what the users said: it is shown the input, the output to judge, and the recorded output
 with its rating and comments. Before the judge is used, it judges the recorded outputs
 themselves, and its verdicts are compared with the recorded scores (a thumbs up or down
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._util.async_tools import run_sync
 from .._util.files import json_key
 from ..errors import OptoValueError
 from ..llm.base import Model
-from .guides import ExactMatchGuide, Feedback, Guide, LLMJudgeGuide
+from .guides import Feedback, Guide, LLMJudgeGuide
 from .logged import LoggedRollout
 
 __all__ = ["FeedbackGuide", "JudgeAgreement"]
@@ -32,8 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: What the judge is asked; the recorded output and the users' words are its reference.
 QUESTION = (
-    "The reference holds an earlier output for the same input and what its users said of it (a rating from 0 to 1 "
-    "and their comments). Judge the output from what the users asked for: does it give them what they wanted, "
+    "The reference holds earlier outputs for the same input and what their users said of them (a rating from 0 to "
+    "1 and their comments). Judge the output from what the users asked for: does it give them what they wanted, "
     "and avoid what they complained about?"
 )
 
@@ -70,15 +71,16 @@ class FeedbackGuide(Guide):
     def __init__(self, judge: Model, records: Sequence[LoggedRollout], *, min_agreement: float = 0.8) -> None:
         if not 0.0 <= min_agreement <= 1.0:
             raise OptoValueError(f"min_agreement must be a share within [0, 1], got {min_agreement!r}")
-        self.records = {json_key(r.x): r for r in records}
+        self.records: dict[str, list[LoggedRollout]] = {}
+        for record in records:  # an input asked by several users keeps what each of them said
+            self.records.setdefault(json_key(record.x), []).append(record)
         self.min_agreement = min_agreement
-        self.exact = ExactMatchGuide()
         self.judge = LLMJudgeGuide(judge, QUESTION)
         self.agreement: JudgeAgreement | None = None
         self._calibrating: asyncio.Lock | None = None
 
     def check_example(self, x: Any, info: Any) -> str | None:
-        if info is None and json_key(x) not in self.records:
+        if info is None and not self.records.get(json_key(x)):
             return (
                 "it has no expected answer (info) and no logged feedback for its input: FeedbackGuide cannot judge it"
             )
@@ -89,12 +91,12 @@ class FeedbackGuide(Guide):
 
     async def aget_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         if info is not None:
-            return await self.exact.aget_feedback(x, output, info)
-        record = self.records.get(json_key(x))
-        if record is None:
+            return _contains_answer(output, info)
+        said = self.records.get(json_key(x))
+        if not said:
             raise OptoValueError(f"FeedbackGuide has no logged feedback for the input {x!r} and no expected answer")
         await self.calibrate()
-        return await self.judge.aget_feedback(x, output, _reference(record))
+        return await self.judge.aget_feedback(x, output, _reference(said))
 
     def check_agreement(self) -> JudgeAgreement:
         """`calibrate`, from synchronous code: call it before training to see the figures."""
@@ -107,9 +109,9 @@ class FeedbackGuide(Guide):
             self._calibrating = asyncio.Lock()
         async with self._calibrating:
             if self.agreement is None:
-                scored = [r for r in self.records.values() if r.score is not None and r.info is None]
+                scored = [r for rows in self.records.values() for r in rows if r.score is not None and r.info is None]
                 verdicts = await asyncio.gather(
-                    *(self.judge.aget_feedback(r.x, r.output, _reference(r)) for r in scored)
+                    *(self.judge.aget_feedback(r.x, r.output, _reference([r])) for r in scored)
                 )
                 agreed = sum(
                     1
@@ -126,5 +128,18 @@ class FeedbackGuide(Guide):
         return self.agreement
 
 
-def _reference(record: LoggedRollout) -> dict[str, Any]:
-    return {"earlier output": record.output, "users' rating": record.score, "users' comments": record.feedback}
+def _contains_answer(output: Any, info: Any) -> Feedback:
+    """1 when the output holds an expected answer (any of a list) as a whole phrase, case
+    and spacing aside; else 0, saying what was expected."""
+    expected = [str(a) for a in info] if isinstance(info, (list, tuple, set, frozenset)) else [str(info)]
+    said = " ".join(str(output).lower().split())
+    for answer in expected:
+        wanted = " ".join(answer.lower().split())
+        if wanted and re.search(rf"(?<![\w-]){re.escape(wanted)}(?![\w-])", said):
+            return Feedback(score=1.0, feedback=f"The output gives the expected answer {answer!r}.")
+    return Feedback(score=0.0, feedback=f"The expected answer was {expected[0]!r}; the output does not give it.")
+
+
+def _reference(records: list[LoggedRollout]) -> list[dict[str, Any]]:
+    """What the users said of earlier outputs for this input, one entry a user."""
+    return [{"earlier output": r.output, "users' rating": r.score, "users' comments": r.feedback} for r in records]

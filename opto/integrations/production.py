@@ -113,7 +113,10 @@ def production_cycle(
     older, held = split_newest(records, newest)
     bound = registry_prompt(prompt, name=parameter)
     _bind(agent, parameter, bound)
-    guide: Guide = FeedbackGuide(judge, records) if judge is not None else ExactMatchGuide()
+    guide: Guide = ExactMatchGuide()
+    if judge is not None:
+        guide = FeedbackGuide(judge, records)
+        guide.check_agreement()  # a judge that disagrees with the users is refused before any training
     trainer = AggregatedUpdate(agent, Optimizer(model), final_check=FinalCheck(examples=held))
     train = [(r.x, r.info) for r in older]
     result = trainer.train(guide, train, batch_size=min(4, len(older)), logged=older, run_dir=run_dir,

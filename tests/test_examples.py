@@ -20,8 +20,8 @@ def run_example(name: str, folder: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("OPENAI_API_KEY", None)  # an example must not need a key from the environment
     env.pop("OPENAI_BASE_URL", None)
-    for name in [key for key in env if key.startswith("MLFLOW_")]:  # another test's MLflow server and experiment
-        env.pop(name)
+    for key in [key for key in env if key.startswith("MLFLOW_")]:  # another test's MLflow server and experiment
+        env.pop(key)
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"

@@ -651,6 +651,7 @@ def _add_production_parser(commands: Any) -> None:
     source = cycle.add_mutually_exclusive_group(required=True)
     source.add_argument("--experiment", help="the MLflow experiment to read traces from")
     source.add_argument("--otlp", help="an OTLP JSON export to read traces from")
+    cycle.add_argument("--expected", help="the expected answer's MLflow expectation name, or OTLP span attribute")
     cycle.add_argument("--model", required=True, help="the optimizer's model (a LiteLLM name, or a name on --base-url)")
     cycle.add_argument("--base-url", help="an OpenAI-compatible API root for --model; the key from OPENAI_API_KEY")
     cycle.add_argument("--judge-model", help="a judge for traces without an expected answer (same server)")
@@ -682,6 +683,7 @@ def _production(args: argparse.Namespace) -> int:
         parameter=args.parameter,
         experiment=args.experiment,
         otlp=args.otlp,
+        expected=args.expected,
         newest=args.newest,
         judge=model(args.judge_model) if args.judge_model else None,
         publish_result=not args.dry_run,

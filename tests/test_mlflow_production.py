@@ -6,7 +6,6 @@ refuses, and rolls back."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +167,31 @@ def test_the_periodic_job_is_one_command_that_says_what_it_did(
                      "--model", "optimizer", "--base-url", optimizer.base_url])  # fmt: skip
     assert code == 3 and "could not" not in capsys.readouterr().err  # refused with evidence, not an error
     assert mlflow.genai.load_prompt(other, cache_ttl_seconds=0).template == START
+
+
+def test_the_same_cycle_from_an_otlp_export_publishes_to_the_registry(server: str, tmp_path: Path) -> None:
+    """Traces from an OTLP JSON file (GenAI spans with evaluation events and the expected
+    answer), the prompt from MLflow's registry: read, train, check, publish."""
+    from opto.integrations.production import production_cycle
+
+    spans = []
+    for i, country in enumerate(list(CAPITALS)[:12]):
+        attribute = lambda key, value: {"key": key, "value": {"stringValue": value}}  # noqa: E731
+        text = lambda role, words: json.dumps([{"role": role, "parts": [{"type": "text", "content": words}]}])  # noqa: E731
+        spans.append({
+            "traceId": f"{i:032x}", "spanId": f"{i:016x}", "name": "invoke_agent",
+            "startTimeUnixNano": str(1_700_000_000_000_000_000 + i * 10**9),
+            "attributes": [attribute("gen_ai.input.messages", text("user", question(country))),
+                           attribute("gen_ai.output.messages", text("assistant", "It is a lovely place.")),
+                           attribute("expected_answer", CAPITALS[country])],
+            "events": [{"name": "gen_ai.evaluation.result", "attributes": [
+                attribute("gen_ai.evaluation.name", "thumbs"), attribute("gen_ai.evaluation.score.label", "thumbs_down"),
+                attribute("gen_ai.evaluation.explanation", "I wanted the city")]}],
+        })  # fmt: skip
+    (export := tmp_path / "traces.json").write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    uri = registered(START)
+
+    cycle = production_cycle(Capitals(), ScriptedModel(optimizer_reply), prompt=uri, otlp=export,
+                             expected="expected_answer")  # fmt: skip
+    assert cycle.improved and "published version 2" in cycle.published and cycle.checked_on == 3
+    assert mlflow.genai.load_prompt(uri, cache_ttl_seconds=0).template == RULE

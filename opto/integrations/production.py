@@ -77,6 +77,7 @@ def production_cycle(
     parameter: str = "prompt",
     experiment: str | None = None,
     otlp: str | Path | None = None,
+    expected: str | None = None,
     newest: float = 0.25,
     judge: Model | None = None,
     publish_result: bool = True,
@@ -92,6 +93,8 @@ def production_cycle(
         parameter: the agent's parameter that holds the prompt.
         experiment: the MLflow experiment to read traces from (or `otlp`).
         otlp: an OTLP JSON export to read traces from (or `experiment`).
+        expected: where the expected answer is: an MLflow expectation's name, or an OTLP
+            span attribute (default for MLflow: the only expectation).
         newest: the share of the newest traces the check runs on (the search never does).
         judge: a judge model for traces without an expected answer (`FeedbackGuide`);
             without one, only traces with an expected answer are used.
@@ -103,7 +106,9 @@ def production_cycle(
 
     if (experiment is None) == (otlp is None):
         raise OptoValueError("read traces from one place: an MLflow experiment or an OTLP JSON file")
-    found: TraceRecords = read_otlp_json(otlp) if otlp is not None else _mlflow_traces(experiment)
+    found: TraceRecords = (
+        read_otlp_json(otlp, expected=expected) if otlp is not None else _mlflow_traces(experiment, expected)
+    )
     records = found.records if judge is not None else [r for r in found.records if r.info is not None]
     if len(records) < 4:
         raise OptoValueError(
@@ -132,10 +137,10 @@ def production_cycle(
                  published=published.reason, improved=published.promoted)  # fmt: skip
 
 
-def _mlflow_traces(experiment: str | None) -> TraceRecords:
+def _mlflow_traces(experiment: str | None, expected: str | None) -> TraceRecords:
     from .mlflow import read_traces
 
-    return read_traces(experiment)
+    return read_traces(experiment, expected=expected)
 
 
 def _bind(agent: Agent, name: str, bound: Parameter) -> None:

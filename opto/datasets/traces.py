@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,23 @@ class TraceRecords(BaseModel):
     without_feedback: int = 0
     source: str = ""
 
+    @classmethod
+    def of(cls, found: Iterable[LoggedRollout | None], source: str) -> TraceRecords:
+        """The records a reader made (None: a trace with no input or output), newest last;
+        those left out are counted, and said in one warning."""
+        kept = cls(source=source)
+        for record in found:
+            if record is None:
+                kept.without_input_or_output += 1
+            elif not record.has_signal:
+                kept.without_feedback += 1
+            else:
+                kept.records.append(record)
+        kept.records.sort(key=lambda r: r.time or 0.0)
+        if kept.without_input_or_output or kept.without_feedback:
+            logger.warning("%s", kept.summary())
+        return kept
+
     def summary(self) -> str:
         return (
             f"{len(self.records)} traces with feedback from {self.source}; left out: "
@@ -70,19 +87,7 @@ def read_otlp_json(path: str | Path, *, expected: str | None = None) -> TraceRec
     traces: dict[str, list[dict[str, Any]]] = {}
     for span in _spans(path):
         traces.setdefault(str(span.get("traceId", "")), []).append(span)
-    found = TraceRecords(source=str(path))
-    for trace_id, spans in traces.items():
-        record = _record(trace_id, spans, expected, str(path))
-        if record is None:
-            found.without_input_or_output += 1
-        elif not record.has_signal:
-            found.without_feedback += 1
-        else:
-            found.records.append(record)
-    found.records.sort(key=lambda r: r.time or 0.0)
-    if found.without_input_or_output or found.without_feedback:
-        logger.warning("%s", found.summary())
-    return found
+    return TraceRecords.of((_record(key, spans, expected, str(path)) for key, spans in traces.items()), str(path))
 
 
 def _spans(path: Path) -> Iterator[dict[str, Any]]:

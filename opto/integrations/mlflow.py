@@ -87,19 +87,8 @@ def read_traces(
     traces = mlflow.search_traces(  # MLflow 3.x names the experiments `locations` from some 3.x on
         **{where: ids}, max_results=max_results, filter_string=filter_string, return_type="list"
     )
-    found = TraceRecords(source=f"MLflow experiment {ids[0]}")
-    for trace in traces:
-        record = _record(trace, input, expected, rating_scale, found.source)
-        if record is None:
-            found.without_input_or_output += 1
-        elif not record.has_signal:
-            found.without_feedback += 1
-        else:
-            found.records.append(record)
-    found.records.sort(key=lambda r: r.time or 0.0)
-    if found.without_input_or_output or found.without_feedback:
-        logger.warning("%s", found.summary())
-    return found
+    source = f"MLflow experiment {ids[0]}"
+    return TraceRecords.of((_record(trace, input, expected, rating_scale, source) for trace in traces), source)
 
 
 def _experiment_id(mlflow: Any, experiment: str | None) -> str:

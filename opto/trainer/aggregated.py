@@ -672,13 +672,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         )
         if ctx.step_record is not None:
             ctx.step_record.start_values = self.agent.stored_values()
-        rollouts = await self.executor.run(
-            self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout
-        )
-        for rollout in rollouts:
-            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
-        ctx.failure_log.note(rollouts, f"step {ctx.step}")
-        check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+        rollouts = await self._current_rollouts(batch, ctx)
         origin = "; ".join(f"{name} from {source}" for name, source in plan.taken_from.items())
         candidate = Candidate(
             update={k: v for k, v in plan.values.items() if v != parent.values.get(k)},

@@ -16,7 +16,7 @@ import pytest
 from opto.testing import FakeNeMoCustomizer, FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.local_model, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.local_model, pytest.mark.walkthrough, pytest.mark.timeout(900)]
 
 
 def walkthrough_commands() -> list[list[str]]:

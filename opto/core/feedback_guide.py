@@ -24,7 +24,7 @@ from .._util.async_tools import run_sync
 from .._util.files import json_key
 from ..errors import OptoValueError
 from ..llm.base import Model
-from .guides import Feedback, Guide, LLMJudgeGuide
+from .guides import Feedback, Guide, LLMJudgeGuide, _normalize
 from .logged import LoggedRollout
 
 __all__ = ["FeedbackGuide", "JudgeAgreement"]
@@ -132,9 +132,9 @@ def _contains_answer(output: Any, info: Any) -> Feedback:
     """1 when the output holds an expected answer (any of a list) as a whole phrase, case
     and spacing aside; else 0, saying what was expected."""
     expected = [str(a) for a in info] if isinstance(info, (list, tuple, set, frozenset)) else [str(info)]
-    said = " ".join(str(output).lower().split())
+    said = _normalize(str(output))
     for answer in expected:
-        wanted = " ".join(answer.lower().split())
+        wanted = _normalize(answer)
         if wanted and re.search(rf"(?<![\w-]){re.escape(wanted)}(?![\w-])", said):
             return Feedback(score=1.0, feedback=f"The output gives the expected answer {answer!r}.")
     return Feedback(score=0.0, feedback=f"The expected answer was {expected[0]!r}; the output does not give it.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from pydantic import BaseModel, Field
 from ..core.logged import LoggedRollout
 from ..errors import MissingFileError, OptoValueError
 
-__all__ = ["TraceRecords", "read_otlp_json"]
+__all__ = ["TraceRecords", "feedback_score", "read_otlp_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,22 @@ def _json(value: Any) -> Any:
         return None
 
 
+def feedback_score(value: Any, scale: tuple[float, float] | None = None) -> float | None:
+    """A feedback value as a score in [0, 1]: a bool, a thumbs label, a number within it (or
+    scaled from `scale`, a rating's (lowest, highest)); None when it is none of these (the
+    value is then kept as text only)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in GOOD | BAD:
+        return 1.0 if value.strip().lower() in GOOD else 0.0
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        if 0.0 <= value <= 1.0:
+            return float(value)
+        if scale is not None and scale[1] > scale[0]:
+            return min(1.0, max(0.0, (value - scale[0]) / (scale[1] - scale[0])))
+    return None
+
+
 def _evaluations(spans: list[dict[str, Any]]) -> tuple[list[float], list[str]]:
     """The scores (within [0, 1], or from a thumbs label) and the text of every evaluation event."""
     scores: list[float] = []
@@ -204,10 +221,10 @@ def _evaluations(spans: list[dict[str, Any]]) -> tuple[list[float], list[str]]:
             name = found.get("gen_ai.evaluation.name", "evaluation")
             value, label = found.get("gen_ai.evaluation.score.value"), found.get("gen_ai.evaluation.score.label")
             explanation = str(found.get("gen_ai.evaluation.explanation") or "").strip()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
-                scores.append(float(value))
-            elif isinstance(label, str) and label.strip().lower() in GOOD | BAD:
-                scores.append(1.0 if label.strip().lower() in GOOD else 0.0)
+            score = feedback_score(value)
+            score = feedback_score(label) if score is None else score
+            if score is not None:
+                scores.append(score)
             verdict = " ".join(str(v) for v in (label, value) if v is not None)
             line = f"{name}: {verdict}".strip().rstrip(":") + (f": {explanation}" if explanation else "")
             said.append(line)

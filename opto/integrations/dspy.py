@@ -297,7 +297,11 @@ class ProgramReflection(Optimizer):
     async def propose_batch(self, parameters: Sequence[Parameter], rollouts: Sequence[Rollout]) -> list[Proposal]:
         names = {str(p.name) for p in parameters if _editable(p)}
         if self.guide.per_predictor and names and not all(self.went_right(r) for r in rollouts):
-            rollouts = await asyncio.to_thread(lambda: [self._with_predictor_feedback(r, names) for r in rollouts])
+            # Only the failures the prompt shows are asked about (the metric may be an LLM judge).
+            shown = {id(r) for r in [r for r in rollouts if not self.went_right(r)][: self.max_examples]}
+            rollouts = await asyncio.to_thread(
+                lambda: [self._with_predictor_feedback(r, names) if id(r) in shown else r for r in rollouts]
+            )
         return await super().propose_batch(parameters, rollouts)
 
     def _with_predictor_feedback(self, rollout: Rollout, names: set[str]) -> Rollout:

@@ -12,7 +12,7 @@ adapter's own `propose_new_texts` writes the new texts when it has one. Everythi
 is opto's: validation, the final check, the ledger, resume, budgets and stop conditions.
 
 `optimize` takes `gepa.optimize`'s arguments in its order and by its names, and maps each
-to opto's equivalent (`GEPA_ARGUMENTS`); one with no equivalent is refused in one error
+to opto's equivalent (`GEPA_ORDER`, `NO_EQUIVALENT`); one with none is refused in one error
 that says why. The result has GEPA's fields (`best_candidate`, `candidates`,
 `val_aggregate_scores`, `best_idx`, `total_metric_calls`, ...) beside opto's `TrainResult`.
 
@@ -40,9 +40,8 @@ from ..core.agent import Agent
 from ..core.data import Example
 from ..core.guides import Feedback, Guide
 from ..core.parameters import Parameter
-from ..core.rollout import Rollout
+from ..core.rollout import Rollout, readable_json
 from ..errors import OptoTypeError, OptoValueError
-from ..extraction.loose_json import json_safe
 from ..llm.base import Model
 from ..llm.errors import describe_error
 from ..llm.instrument import count_and_record
@@ -135,7 +134,6 @@ class AdapterOutcome(BaseModel):
 class _Evaluated:
     """What `evaluate` gave for one instance (kept in memory, never written)."""
 
-    instance: Any
     output: Any
     score: float
     trajectory: Any
@@ -198,7 +196,6 @@ class AdapterAgent(Agent):
             name: Parameter(text, name=name, description=described.get(name, f"the component {name!r} of the program"))
             for name, text in seed_candidate.items()
         }
-        self.metric_calls = 0  # instances evaluated (GEPA's count)
         self._one_at_a_time: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if parallel else threading.Lock()
         )
@@ -258,10 +255,9 @@ class AdapterAgent(Agent):
         trajectories = list(batch.trajectories) if batch.trajectories is not None else [None] * len(instances)
         outcomes = []
         with self._seen_lock:
-            self.metric_calls += len(instances)
-            for instance, output, score, trajectory in zip(instances, outputs, scores, trajectories):
+            for output, score, trajectory in zip(outputs, scores, trajectories):
                 ref = uuid.uuid4().hex
-                self._seen[ref] = _Evaluated(instance, output, float(score), trajectory, batch)
+                self._seen[ref] = _Evaluated(output, float(score), trajectory, batch)
                 outcomes.append(AdapterOutcome(output=_view(output), score=float(score), ref=ref))
             while len(self._seen) > self._keep:
                 self._seen.popitem(last=False)
@@ -570,7 +566,7 @@ def optimize(
             `custom_candidate_proposer` when there is one, else opto's reflection), "adapter",
             or "opto" (opto's reflection even when the adapter has its own).
         options: `gepa.optimize`'s keywords (each mapped to opto's equivalent, or refused
-            with why: see `GEPA_ARGUMENTS` in the docs), `component_selector=` (DSPy's name
+            with why: the table of the docs' "From DSPy and GEPA"), `component_selector=` (DSPy's name
             for `module_selector`), `AggregatedUpdate`'s keywords and `train()`'s.
 
     Returns:
@@ -744,18 +740,8 @@ def _items(data: Any, what: str) -> list[Any]:
 
 
 def _view(value: Any) -> Any:
-    """`value` as JSON values for the ledger and the optimizer's prompt (its text when it
-    has no JSON form)."""
-    try:
-        return json_safe(value)
-    except (ValueError, TypeError):
-        to_dict = getattr(value, "toDict", None)  # dspy.Example
-        if callable(to_dict):
-            try:
-                return json_safe(to_dict())
-            except (ValueError, TypeError):
-                pass
-        return str(value)
+    """`value` as JSON values for the ledger and the optimizer's prompt."""
+    return readable_json(value)
 
 
 def _render(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:

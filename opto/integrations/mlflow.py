@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,13 +31,11 @@ from pydantic import BaseModel
 
 from ..core.logged import LoggedRollout
 from ..core.parameters import Parameter
-from ..datasets.traces import BAD, GOOD, TraceRecords
+from ..datasets.traces import TraceRecords, feedback_score
 from ..errors import MissingDependencyError, OptoTypeError, OptoValueError
 from ..run.results import TrainResult
 
 __all__ = ["Publication", "RegistryPrompt", "publish", "read_traces", "registry_prompt", "rollback"]
-
-logger = logging.getLogger(__name__)
 
 #: The tag a published version carries: which run's value it is (a publish run again finds it).
 RUN_TAG = "opto.run"
@@ -122,7 +118,7 @@ def _record(
         feedback = getattr(assessment, "feedback", None)
         if feedback is None:
             continue
-        score = _score(feedback.value, scale)
+        score = feedback_score(feedback.value, scale)
         if score is not None:
             scores.append(score)
         who = getattr(getattr(assessment, "source", None), "source_type", None)
@@ -154,21 +150,6 @@ def _input(inputs: Any, chosen: Any) -> Any:
     if isinstance(inputs, Mapping) and len(inputs) == 1:
         return next(iter(inputs.values()))
     return inputs
-
-
-def _score(value: Any, scale: tuple[float, float] | None) -> float | None:
-    """A feedback value as a score in [0, 1]: a bool, a thumbs label, a number within it
-    (or scaled from `scale`); None when it is none of these (kept as text)."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.strip().lower() in GOOD | BAD:
-        return 1.0 if value.strip().lower() in GOOD else 0.0
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        if 0.0 <= value <= 1.0:
-            return float(value)
-        if scale is not None and scale[1] > scale[0]:
-            return min(1.0, max(0.0, (value - scale[0]) / (scale[1] - scale[0])))
-    return None
 
 
 # The registry ---------------------------------------------------------------------------

@@ -11,7 +11,6 @@ command then exits non-zero, for a scheduler to notice).
 from __future__ import annotations
 
 import importlib
-import logging
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -29,8 +28,6 @@ from ..search.proposers import Optimizer
 from ..trainer.aggregated import AggregatedUpdate
 
 __all__ = ["Cycle", "load_agent", "production_cycle"]
-
-logger = logging.getLogger(__name__)
 
 
 class Cycle(BaseModel):

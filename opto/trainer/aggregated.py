@@ -475,10 +475,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             rollouts = await self.executor.run(
                 agent, guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
             )
-            for rollout in rollouts:
-                ctx.emit(RolloutEvent(step=ctx.step, phase="logged" if ctx.logged else "train", **rollout.to_record()))
-            ctx.failure_log.note(rollouts, f"step {ctx.step}")
-            check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
+            self._record_rollouts(rollouts, ctx, "logged" if ctx.logged else "train")
             if not ctx.logged:  # a replayed output reads no parameter
                 self._warn_unread(rollouts, ctx.step)
             for rollout in rollouts:
@@ -502,11 +499,15 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         rollouts = await self.executor.run(
             self.agent, ctx.guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout
         )
+        self._record_rollouts(rollouts, ctx, "train")
+        return rollouts
+
+    def _record_rollouts(self, rollouts: list[Rollout], ctx: StepContext, phase: str) -> None:
+        """A step's own rollouts into its record; too many failed ones stop the run."""
         for rollout in rollouts:
-            ctx.emit(RolloutEvent(step=ctx.step, phase="train", **rollout.to_record()))
+            ctx.emit(RolloutEvent(step=ctx.step, phase=phase, **rollout.to_record()))
         ctx.failure_log.note(rollouts, f"step {ctx.step}")
         check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
-        return rollouts
 
     def _batch_proposers(self) -> list[BatchProposer]:
         """The proposers asked once a step, in their order: in reflective mode every one

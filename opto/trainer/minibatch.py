@@ -226,10 +226,13 @@ class Minibatch:
         *,
         sample: int = 2,
         tokens: Mapping[str, tuple[int, int]] | None = None,
+        measure: bool = True,
         **train_options: Any,
     ) -> Estimate:
         """`aestimate` from synchronous code."""
-        return run_sync(self.aestimate(guide, train_dataset, sample=sample, tokens=tokens, **train_options))
+        return run_sync(
+            self.aestimate(guide, train_dataset, sample=sample, tokens=tokens, measure=measure, **train_options)
+        )
 
     async def aestimate(
         self,
@@ -238,6 +241,7 @@ class Minibatch:
         *,
         sample: int = 2,
         tokens: Mapping[str, tuple[int, int]] | None = None,
+        measure: bool = True,
         **train_options: Any,
     ) -> Estimate:
         """What `train(guide, train_dataset, **train_options)` is expected to spend:
@@ -250,7 +254,9 @@ class Minibatch:
         (the agent and guide on each, then one proposal and one aggregation where the run
         makes them), unless `tokens` gives them: {"agent": (prompt, completion) tokens per
         rollout, "optimizer": ... per proposal call, "aggregator": ... per call}. With every
-        role given, no call is made. `Estimate.spent` is what measuring cost.
+        role given, no call is made. `measure=False` makes no call either: the roles not
+        given are assumed from the text of the values and the first examples (the first
+        assumption says so). `Estimate.spent` is what measuring cost.
         """
         options = _train_options(self.atrain, train_options)
         check_int("sample", sample, minimum=1)
@@ -282,6 +288,11 @@ class Minibatch:
             first += batch[: sample - len(first)]
             if len(first) == sample:
                 break
+        assumed = None
+        if not measure:
+            values = [p.value for p in self.agent.parameters(trainable_only=True)]
+            figures, assumed = assumed_tokens(values, [e.x for e in first], batch_size)
+            given = {**figures, **given}
         with meter_usage() as meter:
             units, assumptions, _ = await self._measure_units(guide, first, given, options)
         evals = evaluations(steps, options["eval_frequency"]) if test else 0
@@ -301,6 +312,8 @@ class Minibatch:
             + (f"; {evals} test evaluations of {len(test)} examples" if test else ""),
         )
         assumptions.append(self._validation_assumption(steps))
+        if assumed is not None:
+            assumptions.insert(0, assumed)
         budgets = [("train(budget=...)", options["budget"])] if options["budget"] is not None else []
         budgets += [(whose, budget) for whose, budget, _ in self.budget_users()]
         return combine(steps, by_role, assumptions, budgets, meter.total)
@@ -480,11 +493,7 @@ class Minibatch:
                        "eval_frequency": eval_frequency, "stepsize": stepsize, "seed": seed, "shuffle": shuffle,
                        "min_score": min_score, "rollout_timeout": rollout_timeout, "budget": budget}  # fmt: skip
             # Nothing is sent before the answer: the estimate's tokens come from the text alone.
-            inputs = [e.x for e in load_dataset(train_dataset)[: max(batch_size, 2)]]
-            values = [p.value for p in self.agent.parameters(trainable_only=True)]
-            tokens, assumption = assumed_tokens(values, inputs, batch_size)
-            estimate = await self.aestimate(guide, train_dataset, tokens=tokens, **sizing)
-            estimate.assumptions.insert(0, assumption)
+            estimate = await self.aestimate(guide, train_dataset, measure=False, **sizing)
             ask_to_confirm(estimate, confirm)
         started = time.monotonic()
         train_dataset = self._prepare(guide, train_dataset, stepsize=stepsize, batch_size=batch_size, seed=seed,

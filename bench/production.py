@@ -13,18 +13,22 @@ Each cycle runs opto's production cycle on that cycle's traces: the newest quart
 out for the final check, `train(logged=...)` from the rest with a `FeedbackGuide` (its
 judge a stand-in that reads the comments, wrong 10% of the time), and the result
 promoted only when the check passed (what `publish` does). The optimizer's stand-in adds
-the rule the comments ask for most 60% of the time, and otherwise a harmful or useless
-edit (answers in French, or a politeness rule).
+the rule for the need the comments ask for most that the prompt lacks 60% of the time,
+and otherwise a harmful or useless edit (answers in French, or a politeness rule).
 
-    python bench/production.py                 # 10 cycles, 5 seeds
-    python bench/production.py --cycles 10 --seeds 1
+Beside it, MLflow's `optimize_prompts` on the same stream, run the way its docs show
+(bench/production_mlflow.py): three datasets and scorers, each cycle's result registered
+and served without a check, as MLflow does.
 
-Not measured here yet: MLflow's `optimize_prompts` on the same stream.
+    pip install mlflow gepa                    # MLflow's side (measured: 3.17.2, gepa 0.1.4)
+    python bench/production.py                 # 10 cycles, 5 seeds, about 15 minutes
+    python bench/production.py --no-mlflow     # opto's two policies only, a few seconds
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +37,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opto import Agent, AggregatedUpdate, FeedbackGuide, FinalCheck, LoggedRollout, Optimizer, Parameter, ScriptedModel
@@ -47,7 +52,13 @@ NEEDS = {"capital": 0.7, "brief": 0.4}
 RULES = {"capital": "Name the capital city.", "brief": "Answer in one word."}
 HARMFUL = "Answer in French."
 USELESS = "Be polite."
+# (production's prompt, the cycle's traces, the seed's random source, the run's name) -> (what production
+# serves next, what happened)
+Policy = Callable[[str, list[LoggedRollout], random.Random, str], tuple[str, str]]
 COMMENTS = {"capital": "I wanted the name of the city", "brief": "too long: one word please"}
+
+
+AGENT_CALLS = [0]  # the agent's answers during a policy's cycles (production's own traffic not counted)
 
 
 def answer(prompt: str, country: str) -> str:
@@ -76,11 +87,17 @@ def true_quality(prompt: str) -> float:
     return total
 
 
+def counted_answer(prompt: str, country: str) -> str:
+    AGENT_CALLS[0] += 1
+    return answer(prompt, country)
+
+
 class Capitals(Agent):
     def __init__(self, prompt: str) -> None:
         self.prompt = Parameter(prompt, description="the system prompt")
 
     def forward(self, question: str) -> str:
+        AGENT_CALLS[0] += 1
         return answer(str(self.prompt.value), question.rsplit(" ", 1)[-1].rstrip("?"))
 
 
@@ -126,16 +143,25 @@ def judge_for(rng: random.Random) -> ScriptedModel:
     return ScriptedModel(reply, name="judge")
 
 
+def edit(current: str, asked: dict[str, int], rng: random.Random) -> str:
+    """Both optimizers' stand-in edit: 60% of the time the rule for the need asked for
+    most that the prompt does not have yet (the capital when nothing was asked),
+    otherwise a harmful or useless rule."""
+    missing = {need: count for need, count in asked.items() if RULES[need] not in current}
+    wanted = max(missing, key=missing.__getitem__) if any(missing.values()) else "capital"
+    if rng.random() < 0.6 and RULES[wanted] not in current:
+        return f"{current} {RULES[wanted]}".strip()
+    return f"{current} {rng.choice([HARMFUL, USELESS])}".strip()
+
+
 def optimizer_for(rng: random.Random) -> ScriptedModel:
+    """opto's optimizer: the needs its prompt shows are the users' comments."""
+
     def reply(messages: list[dict[str, str]]) -> str:
         text = messages[-1]["content"]
         current = json.loads(text.split("- current value: ", 1)[1].split("\n", 1)[0])
         asked = {need: text.count(comment) for need, comment in COMMENTS.items()}
-        wanted = max(asked, key=asked.get) if any(asked.values()) else "capital"  # type: ignore[arg-type]
-        if rng.random() < 0.6 and RULES[wanted] not in current:
-            update = f"{current} {RULES[wanted]}".strip()
-        else:
-            update = f"{current} {rng.choice([HARMFUL, USELESS])}".strip()
+        update = edit(current, asked, rng)
         return json.dumps({"reasoning": "from the users' comments", "suggestion": {"prompt": update}})
 
     return ScriptedModel(reply, name="optimizer")
@@ -163,17 +189,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--no-mlflow", action="store_true", help="run opto's two policies only")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    started = time.perf_counter()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-    for policy, check in (("promoted only when the final check passed (publish)", True),
-                          ("promoted whatever the search returned (no check)", False)):  # fmt: skip
-        table(policy, run_policy(args, check), args.cycles)
-    print(f"\n{time.perf_counter() - started:.0f} s in all")
+    policies: dict[str, Policy] = {
+        "opto: promoted only when the final check passed (publish)": lambda p, r, rng, run: cycle_once(p, r, rng),
+        "opto: promoted whatever the search returned (no check)": lambda p, r, rng, run: cycle_once(p, r, rng, False),
+    }
+    with contextlib.ExitStack() as stack:
+        if not args.no_mlflow:
+            policies.update(mlflow_policies(stack))
+        summary = []
+        for policy, decide in policies.items():
+            started, AGENT_CALLS[0] = time.perf_counter(), 0
+            rows = run_policy(args, policy, decide)
+            summary.append((policy, rows, AGENT_CALLS[0] / len(rows), time.perf_counter() - started))
+            table(policy, rows, args.cycles)
+    print("\n| policy | final mean true quality | promotions | promotions that lowered it | agent calls a cycle | "
+          "seconds |\n|---|---|---|---|---|---|")  # fmt: skip
+    for policy, rows, calls, seconds in summary:
+        final = statistics.mean(r["after"] for r in rows if r["cycle"] == args.cycles)
+        promoted = sum(1 for r in rows if r["what"] == "promoted")
+        worse = sum(1 for r in rows if r["after"] < r["before"] - 1e-9)
+        print(f"| {policy} | {final:.3f} | {promoted} | {worse} | {calls:.0f} | {seconds:.0f} |")
 
 
-def run_policy(args: argparse.Namespace, check: bool) -> list[dict[str, Any]]:
+def mlflow_policies(stack: contextlib.ExitStack) -> dict[str, Policy]:
+    """MLflow's `optimize_prompts` on the same stream (bench/production_mlflow.py)."""
+    try:
+        from production_mlflow import MLflowStream
+    except ImportError as exc:
+        sys.exit(f"MLflow's side needs `pip install mlflow gepa` ({exc}); or run with --no-mlflow")
+    stream = stack.enter_context(MLflowStream(counted_answer, CAPITALS, edit).running())
+    return {
+        "MLflow optimize_prompts: every trace (recorded outputs, expected answers where given)":
+            lambda p, r, rng, run: stream.cycle(p, r, f"all-{run}", r[0].time // 1000, expected_only=False),
+        "MLflow optimize_prompts: only the traces with an expected answer":
+            lambda p, r, rng, run: stream.cycle(p, r, f"expected-{run}", r[0].time // 1000, expected_only=True),
+        "MLflow optimize_prompts: only the traces with an expected answer, exact-match scorer":
+            lambda p, r, rng, run: stream.cycle(p, r, f"exact-{run}", r[0].time // 1000, expected_only=True,
+                                                exact=True),
+    }  # fmt: skip
+
+
+def run_policy(args: argparse.Namespace, policy: str, decide: Policy) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         rng = random.Random(seed)
@@ -182,13 +242,13 @@ def run_policy(args: argparse.Namespace, check: bool) -> list[dict[str, Any]]:
             before = true_quality(prompt)
             records = production_traffic(prompt, cycle, rng)
             try:
-                prompt, what = cycle_once(prompt, records, rng, check)
+                prompt, what = decide(prompt, records, rng, f"seed{seed}")
             except OptoValueError as exc:  # a refused judge: production keeps its prompt
                 what = f"refused ({str(exc)[:120]})"
             rows.append({"seed": seed, "cycle": cycle, "before": before, "after": true_quality(prompt), "what": what,
                          "prompt": prompt})  # fmt: skip
-            print(f"{'check' if check else 'no check'} seed {seed} cycle {cycle}: {before:.3f} -> "
-                  f"{rows[-1]['after']:.3f} {what[:100]}", file=sys.stderr)  # fmt: skip
+            print(f"{policy[:40]} seed {seed} cycle {cycle}: {before:.3f} -> {rows[-1]['after']:.3f} {what[:100]}",
+                  file=sys.stderr)  # fmt: skip
     return rows
 
 

@@ -70,6 +70,10 @@ class MLflowStream:
 
             litellm.suppress_debug_info = True
             mlflow.set_tracking_uri(f"sqlite:///{folder}/mlflow.db")
+            # the runs' artifacts in the same folder, not ./mlruns
+            mlflow.set_experiment(
+                experiment_id=mlflow.create_experiment("bench", artifact_location=f"{folder}/artifacts")
+            )
             for name in ("mlflow", "gepa", "LiteLLM", "litellm", "alembic"):
                 logging.getLogger(name).setLevel(logging.ERROR)
             try:

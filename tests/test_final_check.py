@@ -216,6 +216,8 @@ def test_the_copy_guard_finds_quoted_inputs_and_specific_answers():
     assert guard.quoted({"p": "Remember: the quick brown fox jumps."}) == {"a": "its input"}
     assert guard.quoted({"p": "Say jumped-fox when asked."}) == {"a": "its answer 'jumped-fox'"}
     assert guard.quoted({"p": "Say positive or negative."}) == {}  # an answer two examples share
+    repeated = CopyGuard([*examples, Example("the quick brown fox jumps over the dog", "jumped-fox", id="a2")])
+    assert repeated.quoted({"p": "Say jumped-fox."}) == {"a": "its answer 'jumped-fox'", "a2": "its answer 'jumped-fox'"}
     assert guard.quoted({"p": "quick brown fox jumps"}) == {}  # four words are no quote
     assert guard.quoted({"demos": [{"input": "the quick brown fox jumps over the dog"}]}) == {}  # not text
 

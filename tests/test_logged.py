@@ -22,6 +22,7 @@ from opto import (
     Parameter,
     RunDir,
     ScriptedModel,
+    load_dataset,
 )
 
 CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Peru": "Lima", "Japan": "Tokyo",
@@ -146,6 +147,47 @@ def test_the_newest_traces_are_held_out_for_the_final_check(tmp_path: Path) -> N
         AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply)),
                          final_check=FinalCheck(examples=[(question("Peru"), "Lima")])).train(
             ExactMatchGuide(), [(question("Peru"), "Lima")], progress=False)  # fmt: skip
+
+
+def screening(tmp_path: Path, step: int = 1) -> set[str]:
+    """The instances a step's candidates were screened on."""
+    ledger = RunDir(tmp_path).ledger()
+    return {r["instance_id"] for r in ledger if r["type"] == "rollout" and r["step"] == step and r["phase"] == "screening"}
+
+
+def test_candidates_are_screened_on_the_logged_inputs_the_guide_can_judge(tmp_path: Path) -> None:
+    agent = Capitals()
+    logged = expected(list(CAPITALS)[:6], 1_700_000_000)  # with their users' answers: the guide judges them
+    train = [(question(c), CAPITALS[c]) for c in list(CAPITALS)[6:]]
+    result = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply))).train(
+        ExactMatchGuide(), train, batch_size=2, logged=logged, run_dir=tmp_path / "run", progress=False
+    )
+    assert result.final_parameters["prompt"] == RULE
+    assert screening(tmp_path / "run") == {r.id for r in logged}  # the evidence it was proposed from
+    ran = [q for q, prompt in agent.ran if q in {r.x for r in logged}]
+    assert len(ran) == len(logged) and all(prompt == RULE for q, prompt in agent.ran if q in ran)  # candidate only
+    first = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "rollout" and r["step"] == 1]
+    assert not [r for r in first if r["phase"] == "train"]  # the current values' side: the judged records
+
+    unjudged = tmp_path / "unjudged"  # no answers: ExactMatchGuide cannot judge them
+    AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply))).train(
+        ExactMatchGuide(), train, batch_size=2, logged=production(list(CAPITALS)[:6]), run_dir=unjudged,
+        shuffle=False, progress=False,
+    )  # fmt: skip
+    assert screening(unjudged) == {e.id for e in load_dataset(train)[:2]}  # the first training batch instead
+
+
+def test_a_candidate_quoting_a_logged_answer_gets_no_credit_for_it(tmp_path: Path) -> None:
+    def copier(messages: list[dict[str, Any]]) -> str:
+        return json.dumps({"reasoning": "r", "suggestion": {"prompt": "Say Nairobi. Answer with the capital city."}})
+
+    logged = expected(["Kenya", "Egypt"], 1_700_000_000)
+    AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(copier)), final_check=None).train(
+        ExactMatchGuide(), [(question("Chile"), "Santiago"), (question("Cuba"), "Havana")], batch_size=2,
+        logged=logged, run_dir=tmp_path, progress=False,
+    )  # fmt: skip
+    decisions = [r for r in RunDir(tmp_path).ledger() if r["type"] == "decision" and r["step"] == 1]
+    assert decisions[0]["quoted"] == {"trace-Kenya": "its answer 'nairobi'"}
 
 
 def judge_reply(messages: list[dict[str, Any]]) -> str:

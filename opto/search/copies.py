@@ -4,8 +4,8 @@ An optimizer shown a failed example often writes the example itself into the pro
 (its input, or its answer): the prompt is then right on that example and on no other,
 and a validation that counts it reads memorization as progress (gepa#261). A text value
 quotes an example when it holds `words` or more consecutive words of the example's
-input, or the example's answer where that answer belongs to no other example (a
-specific answer, at least `min_answer` characters). Decisions and the final check score
+input, or the example's answer where no example with another input has it (a specific
+answer, at least `min_answer` characters; the same input logged twice is one example). Decisions and the final check score
 a candidate without the examples it or the values it is compared with quote, and the
 ledger records them (`DecisionEvent.quoted`). Demo lists (`Demos`) are examples by
 design and are not searched.
@@ -55,7 +55,9 @@ class CopyGuard:
     def __init__(self, examples: Iterable[Example], *, words: int = 5, min_answer: int = 4) -> None:
         self.words = words
         self.examples = {e.id or "": e for e in examples}
-        shared = Counter(a.strip().lower() for e in self.examples.values() for a in set(_answers(e.info)))
+        # An answer that several inputs share is a label ("yes"), not a quote of one of them.
+        pairs = {(_text(e.x), a.strip().lower()) for e in self.examples.values() for a in _answers(e.info)}
+        shared = Counter(answer for _, answer in pairs)
         self._answers = {
             key: [a.strip().lower() for a in _answers(e.info) if shared[a.strip().lower()] == 1
                   and len(a.strip()) >= min_answer]

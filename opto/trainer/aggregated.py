@@ -67,7 +67,7 @@ from ..search.validation import (
 from .estimate import PerCall, given_per_call, per_unit
 from .failures import check_failures
 from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
-from .logged import LoggedGuide, ReplayAgent
+from .logged import LoggedGuide, ReplayAgent, judged_rollouts
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
 from .trace_compat import InstanceOutput, TraceCompatible
@@ -293,11 +293,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         focus = self.components.select(names, ctx.step)
         self._focus = None if set(focus) >= set(names) else focus  # None: every parameter, no copies needed
         evidence = logged_examples(ctx.logged) if ctx.logged else batch
-        rollouts, outputs = await self._rollouts_and_proposals(evidence, ctx)
+        logged_guide = LoggedGuide(ctx.guide, ctx.logged) if ctx.logged else None
+        rollouts, outputs = await self._rollouts_and_proposals(evidence, ctx, logged_guide)
         proposals = [p for o in outputs for p in o.proposals]
         proposals += await self._propose_batch(rollouts, ctx)
-        if ctx.logged:  # decided on training examples, which the guide can judge a candidate on
-            rollouts = await self._current_rollouts(batch, ctx)
+        guard = None
+        if logged_guide is not None:
+            rollouts, guard = await self._logged_screen(rollouts, logged_guide, batch, ctx)
         if self.score_proposals:
             await score_proposals(
                 self.score_proposals,
@@ -311,10 +313,24 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                 timeout=ctx.rollout_timeout,
                 executor=self.executor,
             )
-        record = await self._decide(rollouts, proposals, ctx)
+        record = await self._decide(rollouts, proposals, ctx, guard)
         self._tell_scores(record)
         self._note_copies(record)
         return record
+
+    async def _logged_screen(
+        self, logged: list[Rollout], guide: LoggedGuide, batch: list[Example], ctx: StepContext
+    ) -> tuple[list[Rollout], CopyGuard | None]:
+        """What the logged step's candidates are screened against: the logged rollouts the
+        guide judged itself, the evidence they were proposed from (a batch's worth at
+        least; quotes of those inputs found too), or else the current values on the first
+        training batch."""
+        judged = judged_rollouts(logged, guide)
+        if len(judged) >= len(batch):
+            screened = [Example(r.x, r.info, id=r.example_id) for r in judged]
+            known = list(self._guard.examples.values()) if self._guard is not None else []
+            return judged, CopyGuard([*known, *screened])
+        return await self._current_rollouts(batch, ctx), None
 
     def _note_copies(self, record: StepRecord) -> None:
         """After a step whose candidates quoted training examples, the LLM proposers are
@@ -451,9 +467,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         self,
         batch: list[Example],
         ctx: StepContext,
+        logged_guide: LoggedGuide | None = None,
     ) -> tuple[list[Rollout], list[InstanceOutput]]:
         """The agent and guide on every example under the current values, and the proposers
         on each rollout as soon as it is judged: no instance waits for the slowest rollout.
+        With `logged_guide`, the logged step's: production's outputs replayed and judged.
 
         Each instance's events are collected apart and added in batch order once all are
         in, so the ledger's order does not depend on which call came back first.
@@ -469,8 +487,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own, per_instance)))
 
         agent, guide = self.agent, ctx.guide
-        if ctx.logged:  # production's outputs, judged here: no agent call
-            agent, guide = ReplayAgent(self.agent, ctx.logged), LoggedGuide(ctx.guide, ctx.logged)
+        if logged_guide is not None and ctx.logged:  # production's outputs, judged here: no agent call
+            agent, guide = ReplayAgent(self.agent, ctx.logged), logged_guide
         try:
             rollouts = await self.executor.run(
                 agent, guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
@@ -571,8 +589,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             ctx.emit(ProposalErrorEvent(step=ctx.step, instance_id=instance_id, proposer=proposer.name, error=str(exc)))
             return None
 
-    async def _decide(self, rollouts: list[Rollout], proposals: list[Proposal], ctx: StepContext) -> StepRecord:
-        """Candidates from the proposals, a decision on each, and the best accepted one applied."""
+    async def _decide(
+        self, rollouts: list[Rollout], proposals: list[Proposal], ctx: StepContext, guard: CopyGuard | None = None
+    ) -> StepRecord:
+        """Candidates from the proposals, a decision on each, and the best accepted one applied
+        (`guard`: the copy guard when the rollouts hold examples the run's guard lacks)."""
         candidates = await self._candidates(proposals, ctx)
         usable = [c for c in candidates if c.update]
         if not usable:
@@ -581,13 +602,15 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             record.note = "no candidate: " + _why_none(proposals, candidates)
             ctx.emit(DecisionEvent(step=ctx.step, reason=record.note))
             return record
-        return await self._judge(rollouts, usable, ctx)
+        return await self._judge(rollouts, usable, ctx, guard)
 
-    async def _judge(self, rollouts: list[Rollout], usable: list[Candidate], ctx: StepContext) -> StepRecord:
+    async def _judge(
+        self, rollouts: list[Rollout], usable: list[Candidate], ctx: StepContext, guard: CopyGuard | None = None
+    ) -> StepRecord:
         """A decision on each candidate, and the best accepted one applied."""
         record = ctx.step_record or StepRecord(step=ctx.step, epoch=ctx.epoch)
         record.score = mean_score(rollouts)
-        decisions = await self._decisions(usable, rollouts, ctx)
+        decisions = await self._decisions(usable, rollouts, ctx, guard)
         if self.selector.uses_pool:
             self._add_to_pool(usable, decisions, ctx)
         accepted = [(d, c) for d, c in zip(decisions, usable) if d.accepted]
@@ -626,7 +649,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return candidates
 
     async def _decisions(
-        self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext
+        self, candidates: list[Candidate], rollouts: list[Rollout], ctx: StepContext, guard: CopyGuard | None = None
     ) -> list[Decision]:
         batch = [Example(r.x, r.info, id=r.example_id) for r in rollouts]
         vctx = ValidationContext(
@@ -638,7 +661,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             executor=self.executor,
             improvement_threshold=self.improvement_threshold,
             rollout_timeout=ctx.rollout_timeout,
-            guard=self._guard,
+            guard=guard or self._guard,
         )
         # Candidates are validated at once; their events are added in candidate order.
         decisions = await gather_all(

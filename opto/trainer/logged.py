@@ -3,8 +3,9 @@
 `ReplayAgent` answers each logged input with the output production recorded, so the
 step's rollouts cost no agent call; `LoggedGuide` judges that output with the run's guide
 and adds the recorded feedback to the guide's (where the guide cannot judge a record, a
-logged score stands in). Proposals then come from production's evidence; candidates are
-run and validated as in any step.
+logged score stands in). Proposals then come from production's evidence, and candidates
+are screened on the logged inputs the guide judged (`judged_rollouts`), as a step's on
+the batch it proposed from, then validated as in any step.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from ..core.agent import Agent
 from ..core.guides import Feedback, Guide
 from ..core.logged import LoggedRollout
 from ..core.parameters import Parameter
+from ..core.rollout import Rollout
 
-__all__ = ["LoggedGuide", "ReplayAgent"]
+__all__ = ["LoggedGuide", "ReplayAgent", "judged_rollouts"]
 
 
 def _by_input(records: Sequence[LoggedRollout]) -> dict[str, deque[LoggedRollout]]:
@@ -50,6 +52,7 @@ class LoggedGuide(Guide):
     def __init__(self, guide: Guide, records: Sequence[LoggedRollout]) -> None:
         self.guide = guide
         self._records = _by_input(records)
+        self.unjudged: set[str] = set()  # inputs whose score is the recorded one: the guide could not judge them
 
     async def aget_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         record = self._records[json_key(x)].popleft()
@@ -58,6 +61,7 @@ class LoggedGuide(Guide):
         except Exception:  # no expectation to judge against: the recorded judgment stands in
             if record.score is None:
                 raise
+            self.unjudged.add(json_key(x))
             judged = Feedback(score=record.score, feedback="")
         said = [judged.feedback] if judged.feedback else []
         if record.score is not None:
@@ -68,3 +72,10 @@ class LoggedGuide(Guide):
 
     def get_feedback(self, x: Any, output: Any, info: Any) -> Feedback:  # pragma: no cover - async only
         raise NotImplementedError("LoggedGuide is asynchronous: use aget_feedback")
+
+
+def judged_rollouts(rollouts: Sequence[Rollout], guide: LoggedGuide) -> list[Rollout]:
+    """The logged rollouts the run's guide judged itself. A candidate run on the same
+    inputs is judged the same way, so they screen it as a batch does, and the current
+    values' side costs no call."""
+    return [r for r in rollouts if not r.failed and json_key(r.x) not in guide.unjudged]

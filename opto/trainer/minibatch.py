@@ -463,7 +463,10 @@ class Minibatch:
                 feedback: a new run's first step takes them as its evidence (the guide
                 judges the recorded outputs, the recorded feedback is shown beside its
                 own) and proposes from them without running the agent on them; its
-                candidates are decided on the first training examples, as in any step.
+                candidates are screened on the logged inputs the guide can judge (the
+                current values' side is the judged records: no call; the first training
+                batch when the guide can judge fewer than a batch of them), then
+                validated as in any step.
 
         Returns:
             A `TrainResult`: scores, decisions, final values, usage and `stopped_reason`.

@@ -174,7 +174,8 @@ class Session:
             counter.limit = max(0, limit - self.prior_rollouts - self.trainer.reserved_calls())
         try:
             if self.options.logged and self.state.step == 0 and not self.should_stop():
-                # Proposed from production's records; decided on the first training examples.
+                # Proposed from production's records, screened on them; the first training batch
+                # stands in where the guide cannot judge them.
                 first = self.loader.dataset[: self.loader.batch_size]
                 await self.one_step(0, first, logged=self.options.logged)
             for epoch, _, batch in self.loader.iter_batches(self.options.num_epochs):

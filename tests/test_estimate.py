@@ -187,3 +187,22 @@ def test_confirm_true_without_a_terminal_refuses_instead_of_waiting(server, monk
     with pytest.raises(RunNotConfirmed, match="not a terminal|stdin is not one"):
         pipeline(models(server)).train(ExactMatchGuide(), questions(range(8), "q"), batch_size=4, confirm=True,
                                        progress=False)  # fmt: skip
+
+
+def test_a_logged_first_step_is_in_the_estimate(server):
+    from opto import LoggedRollout
+
+    llms = models(server)
+    logged = [LoggedRollout(x=q["x"], output="no", info="yes", score=0.0, id=f"log{i}")
+              for i, q in enumerate(questions(range(200, 212), "l"))]  # fmt: skip
+    trainer = AggregatedUpdate(QuestionAgent(llms["agent"]), Optimizer(llms["optimizer"]), final_check=None)
+    options = {"batch_size": 4, "progress": False}
+    plain = trainer.estimate(ExactMatchGuide(), questions(range(8), "q"), **options)
+    estimate = trainer.estimate(ExactMatchGuide(), questions(range(8), "q"), logged=logged, **options)
+    assert estimate.steps == plain.steps + 1 and "a logged first step on 12 records" in str(estimate)
+    assert estimate.by_role["validation"].calls >= plain.by_role["validation"].calls + len(logged)  # the screen
+    before = llms["agent"].usage.calls
+    trainer.train(ExactMatchGuide(), questions(range(8), "q"), logged=logged, **options)
+    spent = llms["agent"].usage.calls - before
+    predicted = sum(estimate.by_role[role].calls for role in ("agent", "validation", "check"))
+    assert spent <= predicted <= spent + len(logged)  # the replayed records counted as rollouts: an upper bound

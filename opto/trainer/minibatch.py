@@ -276,6 +276,11 @@ class Minibatch:
         for size in [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else []):
             for what, calls in self.calls_per_step(size).items():
                 counts[what] = counts.get(what, 0) + num_epochs * calls
+        logged = list(options["logged"] or [])
+        if logged:  # the logged first step: the guide on each record, each candidate screened on them
+            steps += 1
+            for what, calls in self.calls_per_step(len(logged)).items():
+                counts[what] = counts.get(what, 0) + calls
         given = dict(tokens or {})
         unknown = set(given) - {"agent", "optimizer", "aggregator"}
         if unknown:
@@ -311,6 +316,11 @@ class Minibatch:
             f"{steps} steps: {num_epochs} epochs of {n} training examples in batches of {batch_size}"
             + (f"; {evals} test evaluations of {len(test)} examples" if test else ""),
         )
+        if logged:
+            assumptions.append(
+                f"a logged first step on {len(logged)} records: the guide judges each (counted as a rollout) and "
+                "each candidate runs on every one the guide can judge (all of them assumed)"
+            )
         assumptions.append(self._validation_assumption(steps))
         if assumed is not None:
             assumptions.insert(0, assumed)

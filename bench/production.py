@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -217,10 +218,12 @@ def main() -> None:
 
 def mlflow_policies(stack: contextlib.ExitStack) -> dict[str, Policy]:
     """MLflow's `optimize_prompts` on the same stream (bench/production_mlflow.py)."""
-    try:
-        from production_mlflow import MLflowStream
-    except ImportError as exc:
-        sys.exit(f"MLflow's side needs `pip install mlflow gepa` ({exc}); or run with --no-mlflow")
+    missing = [name for name in ("mlflow", "gepa", "litellm") if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.exit(f"MLflow's side needs `pip install mlflow gepa` ({', '.join(missing)} not installed); "
+                 "or run with --no-mlflow")  # fmt: skip
+    from production_mlflow import MLflowStream
+
     stream = stack.enter_context(MLflowStream(counted_answer, CAPITALS, edit).running())
     return {
         "MLflow optimize_prompts: every trace (recorded outputs, expected answers where given)":

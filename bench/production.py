@@ -239,11 +239,11 @@ def mlflow_policies(stack: contextlib.ExitStack) -> dict[str, Policy]:
 def run_policy(args: argparse.Namespace, policy: str, decide: Policy) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for seed in range(args.seeds):
-        rng = random.Random(seed)
+        rng, users = random.Random(seed), random.Random(f"users-{seed}")  # the same users for every policy
         prompt = "Answer the question."
         for cycle in range(1, args.cycles + 1):
             before = true_quality(prompt)
-            records = production_traffic(prompt, cycle, rng)
+            records = production_traffic(prompt, cycle, users)
             try:
                 prompt, what = decide(prompt, records, rng, f"seed{seed}")
             except OptoValueError as exc:  # a refused judge: production keeps its prompt

@@ -10,7 +10,10 @@ returns without a check; production then serves it, as a user following the docs
 The stand-ins are as able as opto's: the judge is wrong 10% of the time, and the
 reflection model adds the rule its evidence asks for most 60% of the time, otherwise a
 harmful or useless edit. Its evidence is what MLflow shows it: failed examples with
-their expected answer (MLflow keeps no thumbs or comments).
+their expected answer: the dataset `optimize_prompts` takes carries inputs, outputs and
+expectations, no thumbs or comments (MLflow stores those on the traces, and a custom
+scorer could read them from the trace; its docs show none that does, and neither does
+this bench).
 
     pip install mlflow gepa     # MLflow >= 3.5 (measured with 3.17.2), gepa 0.1.4
 """

@@ -200,7 +200,9 @@ def test_a_logged_first_step_is_in_the_estimate(server):
     plain = trainer.estimate(ExactMatchGuide(), questions(range(8), "q"), **options)
     estimate = trainer.estimate(ExactMatchGuide(), questions(range(8), "q"), logged=logged, **options)
     assert estimate.steps == plain.steps + 1 and "a logged first step on 12 records" in str(estimate)
-    assert estimate.by_role["validation"].calls >= plain.by_role["validation"].calls + len(logged)  # the screen
+    screen = min(len(logged), trainer.logged_screen_size(4))  # a sample as large as the validation set
+    assert 4 <= screen < len(logged) and f"each candidate runs on up to {trainer.logged_screen_size(4)}" in str(estimate)
+    assert estimate.by_role["validation"].calls >= plain.by_role["validation"].calls + screen
     before = llms["agent"].usage.calls
     trainer.train(ExactMatchGuide(), questions(range(8), "q"), logged=logged, **options)
     spent = llms["agent"].usage.calls - before

@@ -217,3 +217,26 @@ def test_a_feedback_guide_judges_from_the_users_words_after_checking_its_judge()
     with pytest.raises(OptoValueError, match=r"refuses its judge: the judge agreed .* on 1 of 4 logged outputs \(25%"):
         flatterer.check_agreement()
     assert FeedbackGuide(ScriptedModel(judge_reply), records).check_example("an input never logged", None)
+
+
+def test_a_metric_call_limit_leaves_the_logged_step_room_to_decide() -> None:
+    from opto import MaxMetricCalls
+
+    logged = [LoggedRollout(x=question(c), output="It is a lovely place.", score=0.0, info=CAPITALS[c],
+                            feedback="the user wanted the city", id=f"t{i}")
+              for i, c in enumerate(list(CAPITALS) * 3)]  # fmt: skip
+    result = AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply)), final_check=None).train(
+        ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in CAPITALS], batch_size=4, logged=logged,
+        stop=MaxMetricCalls(80), progress=False,
+    )  # fmt: skip
+    assert result.final_parameters["prompt"] == RULE and result.metric_calls <= 80  # 42 of them replayed
+
+
+def test_a_record_the_guide_cannot_judge_leaves_its_judged_twin_in_the_screen(tmp_path: Path) -> None:
+    unjudged = LoggedRollout(x=question("France"), output="It is a lovely place.", score=0.0, id="no-answer")
+    logged = [*expected(list(CAPITALS)[:4], 1_700_000_000), unjudged]
+    AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply))).train(
+        ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[4:]], batch_size=4, logged=logged,
+        run_dir=tmp_path, progress=False,
+    )  # fmt: skip
+    assert screening(tmp_path) == {f"trace-{c}" for c in list(CAPITALS)[:4]}  # France's answered record kept

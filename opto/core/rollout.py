@@ -153,6 +153,12 @@ def admit_rollouts(n: int) -> None:
         counter.admit(n)
 
 
+def rollouts_left() -> int | None:
+    """The rollouts the enclosing counters still admit (None: no limit)."""
+    left = [counter.limit - counter.count for counter in _COUNTERS.get() if counter.limit is not None]
+    return max(0, min(left)) if left else None
+
+
 def rollout_done() -> None:
     """Count one rollout in every enclosing `count_rollouts` block (an executor whose
     rollouts run in other processes calls it as each comes back)."""

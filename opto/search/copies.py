@@ -5,7 +5,8 @@ An optimizer shown a failed example often writes the example itself into the pro
 and a validation that counts it reads memorization as progress (gepa#261). A text value
 quotes an example when it holds `words` or more consecutive words of the example's
 input, or the example's answer where no example with another input has it (a specific
-answer, at least `min_answer` characters; the same input logged twice is one example).
+answer, at least `min_answer` characters; an answer repeated under the same input, as
+production logs repeat a question, still belongs to that input's examples).
 Decisions and the final check score a candidate without the examples it or the values
 it is compared with quote, and the ledger records them (`DecisionEvent.quoted`). Demo
 lists (`Demos`) are examples by design and are not searched.

@@ -23,7 +23,7 @@ from ..core.agent import Agent
 from ..core.data import Example, load_dataset
 from ..core.guides import Guide
 from ..core.logged import logged_examples
-from ..core.rollout import Rollout, mean_score
+from ..core.rollout import Rollout, mean_score, rollouts_left
 from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import RolloutExecutor
 from ..llm.base import Model
@@ -321,16 +321,24 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     async def _logged_screen(
         self, logged: list[Rollout], guide: LoggedGuide, batch: list[Example], ctx: StepContext
     ) -> tuple[list[Rollout], CopyGuard | None]:
-        """What the logged step's candidates are screened against: the logged rollouts the
-        guide judged itself, the evidence they were proposed from (a batch's worth at
-        least; quotes of those inputs found too), or else the current values on the first
-        training batch."""
+        """What the logged step's candidates are screened against: logged rollouts the guide
+        judged itself, the evidence they were proposed from (quotes of their inputs found
+        too), or else the current values on the first training batch when the guide judged
+        fewer than a batch of inputs. A seeded sample as large as the validation set (a
+        screen costs no more than the validation it saves), a batch's worth under a
+        metric-call limit (no more than the training batch would cost)."""
         judged = judged_rollouts(logged, guide)
-        if len(judged) >= len(batch):
-            screened = [Example(r.x, r.info, id=r.example_id) for r in judged]
-            known = list(self._guard.examples.values()) if self._guard is not None else []
-            return judged, CopyGuard([*known, *screened])
-        return await self._current_rollouts(batch, ctx), None
+        if len(judged) < len(batch):
+            return await self._current_rollouts(batch, ctx), None
+        size = len(batch) if rollouts_left() is not None else self.logged_screen_size(len(batch))
+        if len(judged) > size:
+            judged = random.Random(self._seed).sample(judged, size)
+        screened = [Example(r.x, r.info, id=r.example_id) for r in judged]
+        known = list(self._guard.examples.values()) if self._guard is not None else []
+        return judged, CopyGuard([*known, *screened])
+
+    def logged_screen_size(self, batch_size: int) -> int:
+        return max(batch_size, len(self.validation_examples()))
 
     def _note_copies(self, record: StepRecord) -> None:
         """After a step whose candidates quoted training examples, the LLM proposers are
@@ -487,14 +495,14 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             instances[rollout.example_id] = (own, asyncio.ensure_future(self._propose(rollout, own, per_instance)))
 
         agent, guide = self.agent, ctx.guide
-        if logged_guide is not None and ctx.logged:  # production's outputs, judged here: no agent call
-            agent, guide = ReplayAgent(self.agent, ctx.logged), logged_guide
+        if logged_guide is not None:  # production's outputs, judged here: no agent call
+            agent, guide = ReplayAgent(self.agent, ctx.logged or []), logged_guide
         try:
             rollouts = await self.executor.run(
                 agent, guide, batch, min_score=ctx.min_score, timeout=ctx.rollout_timeout, on_result=propose
             )
-            self._record_rollouts(rollouts, ctx, "logged" if ctx.logged else "train")
-            if not ctx.logged:  # a replayed output reads no parameter
+            self._record_rollouts(rollouts, ctx, "train" if logged_guide is None else "logged")
+            if logged_guide is None:  # a replayed output reads no parameter
                 self._warn_unread(rollouts, ctx.step)
             for rollout in rollouts:
                 if rollout.example_id not in instances:  # an executor that does not report rollouts as they finish

@@ -52,7 +52,8 @@ class LoggedGuide(Guide):
     def __init__(self, guide: Guide, records: Sequence[LoggedRollout]) -> None:
         self.guide = guide
         self._records = _by_input(records)
-        self.unjudged: set[str] = set()  # inputs whose score is the recorded one: the guide could not judge them
+        # (input, expected answer) whose score is the recorded one: the guide could not judge them
+        self.unjudged: set[tuple[str, str]] = set()
 
     async def aget_feedback(self, x: Any, output: Any, info: Any) -> Feedback:
         record = self._records[json_key(x)].popleft()
@@ -61,7 +62,7 @@ class LoggedGuide(Guide):
         except Exception:  # no expectation to judge against: the recorded judgment stands in
             if record.score is None:
                 raise
-            self.unjudged.add(json_key(x))
+            self.unjudged.add((json_key(x), json_key(info)))
             judged = Feedback(score=record.score, feedback="")
         said = [judged.feedback] if judged.feedback else []
         if record.score is not None:
@@ -75,7 +76,12 @@ class LoggedGuide(Guide):
 
 
 def judged_rollouts(rollouts: Sequence[Rollout], guide: LoggedGuide) -> list[Rollout]:
-    """The logged rollouts the run's guide judged itself. A candidate run on the same
-    inputs is judged the same way, so they screen it as a batch does, and the current
-    values' side costs no call."""
-    return [r for r in rollouts if not r.failed and json_key(r.x) not in guide.unjudged]
+    """The logged rollouts the run's guide judged itself, one per input and expected
+    answer. A candidate run on the same inputs is judged the same way, so they screen it
+    as a batch does, and the current values' side costs no call."""
+    found: dict[tuple[str, str], Rollout] = {}
+    for rollout in rollouts:
+        key = (json_key(rollout.x), json_key(rollout.info))
+        if not rollout.failed and key not in guide.unjudged:
+            found.setdefault(key, rollout)
+    return list(found.values())

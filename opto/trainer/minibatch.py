@@ -188,6 +188,10 @@ class Minibatch:
         rollout assumed), for the budget check. Keys of agent runs: "rollouts", "validation"."""
         return {"rollouts": batch_size}
 
+    def logged_screen_size(self, batch_size: int) -> int:
+        """How many logged inputs a logged first step screens its candidates on, at most."""
+        return batch_size
+
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
         """(whose, budget, which parts of a step it pays for) for each model budget of the run."""
         agent_parts = {"the initial test evaluation", "rollouts", "validation"}
@@ -277,10 +281,11 @@ class Minibatch:
             for what, calls in self.calls_per_step(size).items():
                 counts[what] = counts.get(what, 0) + num_epochs * calls
         logged = list(options["logged"] or [])
-        if logged:  # the logged first step: the guide on each record, each candidate screened on them
+        if logged:  # the logged first step: the guide on each record, each candidate screened on some
             steps += 1
+            screen = self.calls_per_step(min(len(logged), self.logged_screen_size(batch_size)))
             for what, calls in self.calls_per_step(len(logged)).items():
-                counts[what] = counts.get(what, 0) + calls
+                counts[what] = counts.get(what, 0) + (screen[what] if what == "validation" else calls)
         given = dict(tokens or {})
         unknown = set(given) - {"agent", "optimizer", "aggregator"}
         if unknown:
@@ -319,7 +324,7 @@ class Minibatch:
         if logged:
             assumptions.append(
                 f"a logged first step on {len(logged)} records: the guide judges each (counted as a rollout) and "
-                "each candidate runs on every one the guide can judge (all of them assumed)"
+                f"each candidate runs on up to {self.logged_screen_size(batch_size)} of them"
             )
         assumptions.append(self._validation_assumption(steps))
         if assumed is not None:
@@ -473,10 +478,11 @@ class Minibatch:
                 feedback: a new run's first step takes them as its evidence (the guide
                 judges the recorded outputs, the recorded feedback is shown beside its
                 own) and proposes from them without running the agent on them; its
-                candidates are screened on the logged inputs the guide can judge (the
-                current values' side is the judged records: no call; the first training
-                batch when the guide can judge fewer than a batch of them), then
-                validated as in any step.
+                candidates are screened on a sample of the logged inputs the guide can
+                judge, as many as the validation set holds (a batch's worth under a
+                metric-call limit; the current values' side is the judged records: no
+                call; the first training batch when the guide can judge fewer than a
+                batch of them), then validated as in any step.
 
         Returns:
             A `TrainResult`: scores, decisions, final values, usage and `stopped_reason`.

@@ -330,7 +330,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         judged = judged_rollouts(logged, guide)
         if len(judged) < len(batch):
             return await self._current_rollouts(batch, ctx), None
-        size = len(batch) if rollouts_left() is not None else self.logged_screen_size(len(batch))
+        size = self.logged_screen_size(len(batch))
         if len(judged) > size:
             judged = random.Random(self._seed).sample(judged, size)
         screened = [Example(r.x, r.info, id=r.example_id) for r in judged]
@@ -338,7 +338,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return judged, CopyGuard([*known, *screened])
 
     def logged_screen_size(self, batch_size: int) -> int:
-        return max(batch_size, len(self.validation_examples()))
+        """As many as the validation set holds; a batch under a metric-call limit."""
+        return batch_size if rollouts_left() is not None else max(batch_size, len(self.validation_examples()))
 
     def _note_copies(self, record: StepRecord) -> None:
         """After a step whose candidates quoted training examples, the LLM proposers are

@@ -126,15 +126,55 @@ class Scenario:
     start: tuple[tuple[str, str], ...] = ()  # the start values (parts not named start empty)
     sampling: bool = False  # the agent samples: right with its rule's accuracy, drawn afresh each call
     flip: float = 0.0  # the judge's chance of flipping a score
+    # The validation set's size when it is not a multiple of the classes (e.g. 8 over 6
+    # classes): the first `val_size` examples taken a class at a time (c0, c1, ..., c5, c0,
+    # ...), from `val_per_class` a class. None: all of them.
+    val_size: int | None = None
+    # The sample's class mix, relative weights a class (e.g. (5, 5, 2, 5, 5, 2)): the
+    # training and validation sets keep their sizes (per class times classes), spread by
+    # these weights (rounded: pick weights that divide them). The true value still weighs
+    # every class equally. None: every class alike.
+    mix: tuple[int, ...] | None = None
+    budget: int | None = None  # the scenario's call budget; None: the bench's (--budget)
+    num_epochs: int = 100  # opto's epochs (its runs stop at the budget first unless said)
+    # A row that shows a limit of any check on the sample, not a target opto's check can
+    # meet (the table says so).
+    limit: str = ""
 
     def start_values(self) -> dict[str, str]:
         return {name: dict(self.start).get(name, "") for name in self.landscape.parts}
 
     def train_set(self) -> list[dict[str, Any]]:
-        return self.landscape.dataset(self.train_per_class, 0)
+        return self._sample(self.train_per_class, 0)
 
     def validation_set(self) -> list[dict[str, Any]] | None:
-        return self.landscape.dataset(self.val_per_class, 100) if self.val_per_class else None
+        if not self.val_per_class:
+            return None
+        found = self._sample(self.val_per_class, 100)
+        if self.val_size is None or self.val_size >= len(found):
+            return found
+        # A class at a time, so that 8 examples over 6 classes cover every class once
+        # before any class a second time (kept in the landscape's order: by class).
+        by_item = sorted(found, key=lambda e: (int(e["id"].split("-")[1]), e["class"]))
+        chosen = {e["id"] for e in by_item[: self.val_size]}
+        return [e for e in found if e["id"] in chosen]
+
+    def _sample(self, per_class: int, offset: int) -> list[dict[str, Any]]:
+        """`per_class` examples a class from item `offset` on, or (with `mix`) as many in
+        all, spread over the classes by `mix`."""
+        if self.mix is None:
+            return self.landscape.dataset(per_class, offset)
+        classes = self.landscape.classes
+        total, weights = per_class * classes, sum(self.mix)
+        counts = [round(total * w / weights) for w in self.mix]
+        return [{"x": f"c{c} item {offset + i}", "info": f"answer-c{c}-{offset + i}", "id": f"c{c}-{offset + i}",
+                 "class": c} for c in range(classes) for i in range(counts[c])]
+
+    def describe_sample(self, examples: list[dict[str, Any]]) -> str:
+        """'' when every class has as many examples, else ' (10, 10, 4, 10, 10, 4 a class)'."""
+        counts = Counter(e["class"] for e in examples)
+        per_class = [counts[c] for c in range(self.landscape.classes)]
+        return "" if len(set(per_class)) == 1 else f" ({', '.join(map(str, per_class))} a class)"
 
     def true_value(self, values: dict[str, str]) -> float:
         return self.landscape.expected_score(values, self.landscape.dataset(1, 0))
@@ -192,6 +232,16 @@ def aggregator_reply(landscape: Landscape) -> Callable[[list[dict[str, Any]]], s
                                    lambda entry: entry if entry[1] == "copy" else entry[0])
 
 
+# Two decent starts, each 5.8 points of true value below the attainable 0.733 (true value
+# 0.675): good rules in 3 of the 4 slots the agent reads and a fair one in the 4th, for
+# class 1 (A) or class 4 (B). Equal in true value, they differ on a deterministic agent's
+# sample: a rule's tag ("start1") fixes which items it gets right, so each start is lucky
+# or unlucky on the examples the search sees, as a real prompt at temperature 0 is.
+DECENT_START_A = (("rules_a", "c0=good.start0; c1=fair.start1"), ("rules_b", "c3=good.start3; c4=good.start4"))
+DECENT_START_B = (("rules_a", "c0=good.start0; c1=good.start1"), ("rules_b", "c3=good.start3; c4=fair.start4"))
+# good-start's optimizer: good rules 15% of the time, 40% of fixes break another rule.
+HARMFUL = dataclasses.replace(TWO_PART, name="two-part, harmful optimizer", good=0.15, breaks=0.4)
+
 SCENARIOS = {s.name: s for s in [
     # The agent samples; 8 training examples a class, the user's validation set of 4 a class.
     Scenario("sampling", TWO_PART, train_per_class=8, val_per_class=4, sampling=True),
@@ -209,5 +259,28 @@ SCENARIOS = {s.name: s for s in [
     # Two stages, the failure blamed on the wrong one half the time.
     Scenario("two-stage", like(MisblamingLandscape, TWO_PART, name="two-part, misblamed stages"), train_per_class=8,
              val_per_class=4),
+    # Temperature 0 (the landscape's hash-based answers), decent start A, the harmful
+    # optimizer, 8 training and 4 validation examples a class. With nothing reserved (72
+    # examples < 96) the check runs the same deterministic examples the search chose on.
+    Scenario("t0-good-start", HARMFUL, train_per_class=8, val_per_class=4, start=DECENT_START_A),
+    # A deterministic agent, 4 training examples a class, no validation set (candidates are
+    # raced on the same 24 examples), decent start A, the harmful optimizer, and a budget
+    # for about 500 steps (batch 4: about 9 calls a step); epochs enough not to end first.
+    Scenario("long-run-24", HARMFUL, train_per_class=4, start=DECENT_START_A, budget=4500, num_epochs=200),
+    # A validation set of 8 (c0-c5 item 100, then c0-c1 item 101), 8 training examples a
+    # class; a deterministic agent, decent start B, the harmful optimizer.
+    Scenario("val-8", HARMFUL, train_per_class=8, val_per_class=2, val_size=8, start=DECENT_START_B),
+    # 40 training examples a class (240: the check reserves 60 of them, held out), the user's
+    # validation set of 24, decent start A; a sampling agent, the usual optimizer.
+    Scenario("large-240", TWO_PART, train_per_class=40, val_per_class=4, start=DECENT_START_A, sampling=True),
+    # The sample's class mix is not the task's: classes 0, 1, 3 and 4 weigh 5 to classes 2 and
+    # 5's 2 (48 train: 10, 10, 4, 10, 10, 4; 24 validation: 5, 5, 2, 5, 5, 2), and the start
+    # (at the attainable value) holds the good rules of 0, 2, 3 and 5. A rule for class 1
+    # pushes class 2's out of the room: a fair one is truly 5.8 points worse, yet scores
+    # better on this sample. The harmful optimizer (mostly fair rules), a sampling agent.
+    Scenario("skewed-mix", HARMFUL, train_per_class=8, val_per_class=4, mix=(5, 5, 2, 5, 5, 2), sampling=True,
+             start=(("rules_a", "c0=good.start0; c2=good.start2"), ("rules_b", "c3=good.start3; c5=good.start5")),
+             limit="the sample over-represents classes 0, 1, 3 and 4 (5:2); a check on the sample (any check: "
+                   "held out or repeated) scores values by this mix, not the task's, and cannot see the loss."),
 ]}
 

@@ -181,11 +181,12 @@ def check_getting_started(outputs: list[str], setting: Setting) -> None:
 
 def check_agents_page(outputs: list[str], setting: Setting) -> None:
     # 4 examples, batches of 1: the noise probe (8), 4 training rollouts, the first step's
-    # candidate screened on its batch (1) and raced on the 4 examples beside the start (8),
-    # the final check (start and final values on the 4 examples: 8)
-    assert _last_line(outputs[0]) == "{'prompt': 'Reply in digits.'} 29"
+    # candidate screened on its batch (1) and raced on the 4 examples beside the start (8);
+    # the final check of this deterministic agent reads the start's and the final values'
+    # scores on the 4 examples from the race, and runs nothing
+    assert _last_line(outputs[0]) == "{'prompt': 'Reply in digits.'} 21"
     # the same rollouts, two calls each (the tool call, then the answer)
-    assert _last_line(outputs[1]) == "{'prompt': 'Reply in digits.'} 58"
+    assert _last_line(outputs[1]) == "{'prompt': 'Reply in digits.'} 42"
 
 
 def check_search_page(outputs: list[str], setting: Setting) -> None:

@@ -208,3 +208,32 @@ def test_a_logged_first_step_is_in_the_estimate(server):
     spent = llms["agent"].usage.calls - before
     predicted = sum(estimate.by_role[role].calls for role in ("agent", "validation", "check"))
     assert spent <= predicted <= spent + len(logged)  # the replayed records counted as rollouts: an upper bound
+
+
+@pytest.mark.parametrize("setting", ["accepted", "nothing accepted", "noisy agent", "raced validation set",
+                                     "per instance"])  # fmt: skip
+def test_the_estimates_range_holds_the_calls_made_accepted_or_not(setting):
+    from test_final_check import GOOD, HARM, Adder, brain, sums
+
+    from opto import DatasetValidation
+
+    def trainer() -> AggregatedUpdate:
+        agent = Adder(noise=0.3, seed=1) if setting == "noisy agent" else Adder()
+        options: dict[str, Any] = {}
+        if setting == "raced validation set":
+            options["validation"] = DatasetValidation(sums(12, offset=200), race=4)
+        if setting == "per instance":
+            options["proposals"] = "per_instance"
+        return AggregatedUpdate(agent, Optimizer(brain(HARM if setting == "nothing accepted" else GOOD)), **options)
+
+    train = {"batch_size": 4, "test_dataset": sums(6, offset=300)}
+    estimate = trainer().estimate(ExactMatchGuide(), sums(24), **train)
+    result = trainer().train(ExactMatchGuide(), sums(24), progress=False, **train)
+    assert (result.accepted > 0) == (setting != "nothing accepted")
+    low, high = estimate.calls_at_fewest, estimate.calls_at_most
+    assert low <= result.usage.calls <= high, (setting, low, result.usage.calls, high)
+    assert low <= estimate.calls_if_nothing_accepted < estimate.calls <= high
+    if setting == "nothing accepted":
+        assert result.final_check.reason == "the search ended where it started"
+        assert result.usage.calls == estimate.calls_if_nothing_accepted  # every step proposed; no check was made
+    assert f"at most {high:,}" in str(estimate) and "depends on the outcome" in str(estimate)

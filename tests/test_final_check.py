@@ -73,7 +73,7 @@ def test_a_real_gain_is_returned_and_checked_on_examples_no_decision_used(tmp_pa
     result = trainer.train(ExactMatchGuide(), sums(120), batch_size=4, run_dir=tmp_path, progress=False)
     check = result.final_check
     assert result.final_parameters == {"prompt": GOOD} and check.returned == "final"
-    assert check.kind == "held-out" and check.examples == 30 and check.p_value <= 0.1
+    assert check.kind == "held-out" and check.examples == 60 and check.p_value <= 0.1  # half: power_size
     assert check.start_score < check.final_score == 1.0 and check.difference > 0.5
     assert check.interval[0] > 0 and check.noisy is False and check.repeats == 1
     # never proposed from, validated on or screened on
@@ -116,7 +116,7 @@ def test_a_noisy_agent_is_found_and_checked_with_repeated_rollouts():
     trainer = AggregatedUpdate(Adder(noise=0.3, seed=1), Optimizer(brain(GOOD)))
     result = trainer.train(ExactMatchGuide(), sums(12), batch_size=4, progress=False)
     check = result.final_check
-    assert check.noisy is True and trainer._noise.disagreed > 0
+    assert check.noisy is True and trainer.checker.noise.disagreed > 0
     assert check.repeats >= 3 or check.p_value <= 0.05  # a second look, unless the first was conclusive
     assert trainer.validation.repeats == 2  # candidates that win are measured again
 

@@ -140,9 +140,9 @@ def test_the_newest_traces_are_held_out_for_the_final_check(tmp_path: Path) -> N
     assert check is not None and check.kind == "held-out" and check.example_ids == ["trace-Nepal", "trace-Cuba", "trace-Fiji"]
     assert check.returned == "final" and result.final_parameters["prompt"] == RULE
     newest_inputs = {question(c) for c in ("Nepal", "Cuba", "Fiji")}
-    decided = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "rollout" and r["x"] in newest_inputs]
-    assert decided == []  # the search never ran on them (the check's rollouts are not in the ledger)
-    assert {q for q, _ in agent.ran} & newest_inputs  # but the check did
+    on_newest = [r for r in RunDir(tmp_path / "run").ledger() if r["type"] == "rollout" and r["x"] in newest_inputs]
+    assert on_newest and {r["phase"] for r in on_newest} == {"final_check"}  # the search never ran on them
+    assert {q for q, _ in agent.ran} & newest_inputs  # the check did, on the record
     with pytest.raises(OptoValueError, match="share ids with the training data"):
         AggregatedUpdate(Capitals(), Optimizer(ScriptedModel(optimizer_reply)),
                          final_check=FinalCheck(examples=[(question("Peru"), "Lima")])).train(

@@ -140,10 +140,12 @@ def test_pareto_needs_a_validation_dataset():
 
 
 def ledger_shape(run_dir):
+    """The ledger's records, less the current values' validation measurements: a resumed
+    run measures its current values again (paid, and on the record)."""
     return sorted((r["step"], r["type"], r.get("accepted"), json.dumps(r.get("values") or r.get("update"),
                                                                        sort_keys=True),
                    json.dumps(sorted((r.get("front") or {}).values())))
-                  for r in RunDir(run_dir).ledger())
+                  for r in RunDir(run_dir).ledger() if r.get("phase") != "current")
 
 
 def test_resume_with_a_pool_gives_the_same_run(tmp_path):

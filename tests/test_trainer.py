@@ -901,8 +901,9 @@ def test_every_rollout_goes_through_the_executor(tmp_path):
                                score_proposals="instance", validation="minibatch", proposals="per_instance")
     trainer.train(ExactMatchGuide(), dataset([0, 1]), batch_size=2, test_dataset=dataset([0, 1, 2]), **TRAIN)
     # test before (3) + the noise probe (2 examples twice) + the batch (2) + one proposal scored per
-    # instance (2) + validation (2) + the final check (start and final values on the 2 examples) + test after (3)
-    assert executor.examples == 20 == len(agent_model.requests)
+    # instance (2) + validation (2) + test after (3); the final check of this deterministic agent reads
+    # what the search measured of the start and final values on the 2 examples, and runs nothing
+    assert executor.examples == 16 == len(agent_model.requests)
 
 
 def test_the_run_directory_holds_a_loadable_agent_per_example_evaluations_and_the_final_score(tmp_path):

@@ -166,6 +166,16 @@ def ledger_of(run_dir: Path) -> list[tuple[Any, ...]]:
             for r in RunDir(run_dir).ledger()]
 
 
+def search_records(ledger: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """`ledger_of` less what a run stopped early and resumed pays for again outside the
+    search: the final check of the stop and the current values' measurements on the
+    validation set (measured again after resume). Both are on the record; an
+    uninterrupted run makes only its last check and its first measurements."""
+    last = max((record[0] for record in ledger), default=0)
+    return [record for record in ledger
+            if not (record[3] == "final_check" and record[0] < last) and record[3] != "current"]
+
+
 def timeless(rollouts: list[Any]) -> list[dict[str, Any]]:
     """Rollouts as ledger records without their wall time (which differs between any two runs)."""
     return [{k: v for k, v in r.to_record().items() if k != "seconds"} for r in rollouts]

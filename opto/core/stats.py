@@ -12,19 +12,32 @@
   percentile bootstrap over examples otherwise.
 - `holm(p_values, alpha)`: which of several tests still reject after Holm's
   step-down correction (several candidates compared in one step).
+- `smallest_shown_gain(examples, level)` and `examples_needed(gain, changed)`: a
+  check's power, said before and after a run (the final check and the statistics page).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 from pydantic import BaseModel
 
 from ..errors import OptoValueError
 
-__all__ = ["Interval", "PairedTest", "holm", "is_binary", "paired_change", "paired_test", "score_interval"]
+__all__ = [
+    "Interval",
+    "PairedTest",
+    "examples_needed",
+    "holm",
+    "is_binary",
+    "paired_change",
+    "paired_test",
+    "score_interval",
+    "smallest_shown_gain",
+]
 
 _Z95 = 1.959963984540054
 _BOOTSTRAP = 2000
@@ -142,6 +155,28 @@ def sign_test_mid_p(wins: int, discordant: int) -> float:
     if discordant == 0:
         return 1.0
     return _sign_test_p(wins, discordant) - 0.5 * math.comb(discordant, wins) / 2**discordant
+
+
+def smallest_shown_gain(examples: int, level: float) -> float | None:
+    """The smallest mean gain (a share of the examples) that a one-sided sign test (mid-p)
+    on `examples` paired examples can show at `level`: every example that changed won and
+    none lost. Any loss raises it. None when a win on every example cannot pass."""
+    wins = next((k for k in range(1, examples + 1) if sign_test_mid_p(k, k) <= level), None)
+    return None if wins is None else wins / examples
+
+
+def examples_needed(gain: float, changed: float, level: float = 0.1, power: float = 0.8) -> int:
+    """Paired examples a one-sided sign test needs to show a true mean gain `gain` (a share:
+    0.05 is 5 points) with probability `power` at `level`, when a share `changed` of the
+    examples change outcome between the two values (wins and losses: `changed >= gain`; a
+    good start that gains a little while losing some has `changed` well above `gain`).
+    The normal approximation to the binomial, rounded up."""
+    if not 0 < gain <= changed <= 1:
+        raise OptoValueError(f"examples_needed needs 0 < gain <= changed <= 1, got gain={gain}, changed={changed}")
+    win_share = (changed + gain) / (2 * changed)  # of the changed examples, the share won
+    z_level, z_power = NormalDist().inv_cdf(1 - level), NormalDist().inv_cdf(power)
+    spread = 0.5 * z_level + z_power * math.sqrt(win_share * (1 - win_share))
+    return math.ceil(spread**2 / (changed * (win_share - 0.5) ** 2))
 
 
 def _bootstrap_means(values: np.ndarray, seed: int) -> np.ndarray:

@@ -25,10 +25,20 @@ def split_options(options: dict[str, Any], caller: str) -> tuple[dict[str, Any],
     return {k: v for k, v in options.items() if k in trainer}, {k: v for k, v in options.items() if k in train}
 
 
+#: Below this many metric calls the final check keeps none for itself (see `budgeted_final_check`).
+SMALL_BUDGET = 60
+
+
 def budgeted_final_check(metric_calls: int) -> FinalCheck:
     """opto's final check in proportion with a metric-call budget (GEPA's and DSPy's
     `max_metric_calls`): the noise probe and the check's re-run take about a tenth and a
-    fifth of it, so a small budget is left mostly for the search, as GEPA spends it."""
+    fifth of it, so a budget is left mostly for the search, as GEPA spends it. Below
+    `SMALL_BUDGET` calls (GEPA's examples use 10 to 50) even that would leave the search
+    too little: no probe, nothing kept, and the check reads what the search measured of
+    the start and the final values (a deterministic metric gives the same scores again),
+    held to the reused-evidence level."""
+    if metric_calls < SMALL_BUDGET:
+        return FinalCheck(probe=0, keep_calls=False)
     probe = max(2, min(12, metric_calls // 20))
     return FinalCheck(probe=probe, rerun_size=max(4, metric_calls // 10))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 from ..errors import OptoValueError
 from .cache import ResponseCache, request_key
 from .context import close_records, open_records
+from .errors import LLMTimeoutError
 from .prices import known_price
 from .sampling import current_sampling
 from .tracing import record_call
@@ -27,6 +29,7 @@ from .usage import (
     cost_of,
     estimate_tokens,
     normalize_prices,
+    sending,
     settle_all,
 )
 
@@ -51,6 +54,9 @@ class Model(ABC):
 
     #: True for a backend that runs on this machine: its calls cost no money (cost estimates).
     local: bool = False
+    #: True for a backend that calls `opto.llm.usage.request_sent()` right before its
+    #: request goes out; for the others a call counts as sent once `_generate` runs.
+    reports_sending: bool = False
 
     def __init__(
         self,
@@ -206,14 +212,20 @@ class Model(ABC):
         budgets = budgets_for(self.budget)  # the model's own and the run's (train(budget=...))
         reservations: list[tuple[int, float]] = []
         if budgets:
-            prompt_estimate = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
-            prompt_estimate += estimate_tokens(json.dumps(settings.get("tools") or ""))
-            reservations = await areserve_all(budgets, prompt_estimate, self.price)
+            reservations = await areserve_all(budgets, prompt_estimate_of(messages, settings), self.price)
         marked = open_records(by_opto=True)  # any backend: an OpenTelemetry span opened inside is not counted again
         try:
-            fresh = await self._generate(messages, n=n, **settings)
-        except BaseException:
-            settle_all(budgets, reservations, None, self.price)  # not awaited: this may be a cancellation
+            with sending(not self.reports_sending) as mark:
+                fresh = await self._generate(messages, n=n, **settings)
+        except BaseException as exc:
+            # A request that left and whose reply was not awaited (cancelled, timed out) is
+            # paid all the same: counted, with its prompt's estimated tokens, so a budget
+            # is never passed by calls it refunded. A refused or failed request is not.
+            paid = mark.sent and isinstance(exc, (asyncio.CancelledError, LLMTimeoutError))
+            spent = TokenUsage(prompt_tokens=prompt_estimate_of(messages, settings)) if paid else None
+            settle_all(budgets, reservations, spent, self.price)  # not awaited: this may be a cancellation
+            if spent is not None:
+                self._count(spent)
             raise
         finally:
             close_records(marked)
@@ -223,11 +235,15 @@ class Model(ABC):
         for i, text in enumerate(texts):
             if not text.isascii():  # most replies: no surrogate possible
                 texts[i] = valid_unicode(text)
-        cost = cost_of(fresh.usage, self.price)
-        with self._usage_lock:
-            self._usage.count(fresh.usage, cost)
-        charge_meters(self.name, fresh.usage, cost)
+        self._count(fresh.usage)
         return fresh
+
+    def _count(self, usage: TokenUsage) -> None:
+        """One paid call in the model's usage and the run's meters."""
+        cost = cost_of(usage, self.price)
+        with self._usage_lock:
+            self._usage.count(usage, cost)
+        charge_meters(self.name, usage, cost)
 
     @abstractmethod
     async def _generate(
@@ -272,6 +288,12 @@ class Model(ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._usage_lock = threading.Lock()
+
+
+def prompt_estimate_of(messages: list[Message], settings: dict[str, Any]) -> int:
+    """A request's prompt tokens, estimated before it is sent (its messages and tools)."""
+    found = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
+    return found + estimate_tokens(json.dumps(settings.get("tools") or ""))
 
 
 def _tool_options(tools: Any, tool_choice: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from .retry import (
     retry_after_seconds,
 )
 from .types import Completion, Message, ToolCall, tool_calls_of
-from .usage import estimate_tokens
+from .usage import estimate_tokens, request_sent
 
 __all__ = ["Poster", "RemoteChatModel", "connect_failure", "public_url"]
 
@@ -97,6 +97,8 @@ class RemoteChatModel(Model):
     its requests from a private event loop in a daemon thread instead, where the limits
     live. Call `close()` (or `await aclose()`) when done; it also closes at exit.
     """
+
+    reports_sending = True  # a request waiting for its slot or rate limit is not sent yet
 
     def __init__(
         self,
@@ -241,6 +243,7 @@ class RemoteChatModel(Model):
                     # Inside the slot, so the rate limits count requests when they are sent.
                     if limited:
                         handle = await self._limits.acquire(estimate + params.get("max_tokens", 0))
+                    request_sent()
                     reply = await client.post(params)
                 completion = self._to_completion(reply, params["messages"])
                 if handle is not None:

@@ -380,6 +380,39 @@ def settle_all(
         budget.settle(reservation, usage, price)
 
 
+class Sending:
+    """Whether the request of the call in progress has left this process. A backend that
+    knows when it sends (`Model.reports_sending`) calls `request_sent()` right before;
+    for the others a call is sent once their `_generate` runs."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self, sent: bool) -> None:
+        self.sent = sent
+
+
+_SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar("opto_sending", default=None)
+
+
+@contextlib.contextmanager
+def sending(sent: bool) -> Iterator[Sending]:
+    """The `Sending` mark of one backend call, seen by `request_sent` inside it."""
+    mark = Sending(sent)
+    token = _SENDING.set(mark)
+    try:
+        yield mark
+    finally:
+        _SENDING.reset(token)
+
+
+def request_sent() -> None:
+    """A backend's request is about to go out: from now on the call is paid, whether or
+    not its reply is awaited (a cancelled or timed-out call is not refunded)."""
+    mark = _SENDING.get()
+    if mark is not None:
+        mark.sent = True
+
+
 def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:
     """Called by `Model` for each call: a paid one (usage) or a cache hit (None)."""
     for meter in current_records().meters:

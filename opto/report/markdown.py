@@ -62,6 +62,12 @@ class ReportSummary(BaseModel):
     # How the values the run returned were checked against the start, with the gap between
     # the search's own score and the check's (`FinalCheckResult.summary()`); None: no check.
     final_check: str | None = None
+    # The agent's rollouts the ledger holds, by phase (a logged step's records, judged and
+    # not run, left out), and those the checkpoint counts as made: every paid rollout is
+    # on the record when the two agree (`reconciled`; None for a run without a checkpoint).
+    ledger_rollouts: dict[str, int] = Field(default_factory=dict)
+    counted_rollouts: int | None = None
+    reconciled: bool | None = None
 
 
 # The quick-start install (`.[local]`) has no matplotlib: the report still gives the
@@ -124,6 +130,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened, diagnosis, final_check),
     )
     pool = [r for r in ledger if r.get("type") == "pool"]
+    phases, counted = ledger_rollouts(ledger), checkpoint.get("rollouts")
     lineage = _lineage(target / "lineage.png", pool, decisions) if pool and not skipped else None
     costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None] if not skipped else []
     if costed:
@@ -148,6 +155,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
         plot_skipped=skipped,
         diagnosis=diagnosis,
         final_check=final_check,
+        ledger_rollouts=phases,
+        counted_rollouts=counted,
+        reconciled=None if counted is None else sum(phases.values()) == counted,
     )
 
 
@@ -254,6 +264,25 @@ def _screening(decisions: dict[int, list[dict[str, Any]]]) -> tuple[int, int, in
     staged = [d for found in decisions.values() for d in found if d.get("stage")]
     out = [d for d in staged if d.get("stage") == "minibatch"]
     return len(staged), len(out), sum(int(d.get("rollouts_saved") or 0) for d in out)
+
+
+def ledger_rollouts(ledger: list[dict[str, Any]]) -> dict[str, int]:
+    """The agent's rollouts in the ledger by phase; a logged step's records (production's
+    runs, judged and not run again) and `opto.collect`'s samples are not a run's calls."""
+    phases: dict[str, int] = {}
+    for record in ledger:
+        if record.get("type") == "rollout" and record.get("phase") not in ("logged", "collect"):
+            phases[record["phase"]] = phases.get(record["phase"], 0) + 1
+    return phases
+
+
+def _reconciliation(phases: dict[str, int], counted: int | None) -> list[str]:
+    if counted is None:
+        return []
+    listed = ", ".join(f"{phase} {n}" for phase, n in phases.items())
+    found = sum(phases.values())
+    verdict = "they agree" if found == counted else f"{counted - found:+d} not in the ledger"
+    return [f"Rollouts paid for: {found} in the ledger ({listed or 'none'}), {counted} counted: {verdict}.", ""]
 
 
 def _checkpoint(run: RunDir) -> dict[str, Any]:
@@ -399,6 +428,7 @@ def _markdown(
     if diagnosis:
         lines += [f"**Why:** {diagnosis}", ""]
     lines += _estimate_table(path, checkpoint)
+    lines += _reconciliation(ledger_rollouts(ledger), checkpoint.get("rollouts"))
     screened, out, saved = screening
     if screened:
         lines += [

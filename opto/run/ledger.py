@@ -286,7 +286,8 @@ class RunDir:
     def discard_unsaved(self, saved: Checkpoint) -> None:
         """Drop the lines a resumed run writes again: those the checkpoint `saved` does not record.
 
-        Kept: ledger records up to the saved step; metrics lines up to it, except a step's
+        Kept: ledger records up to the saved step, as many as it counts (a final check
+        stopped before its checkpoint wrote rollouts it does not count); metrics lines up to it, except a step's
         line the checkpoint still owes (`pending_metrics`: the step's evaluation, or the
         final line, was interrupted) and the `"final"` lines of any step not in
         `saved.final_evaluations`; evaluation lines of the evaluations the checkpoint
@@ -298,7 +299,16 @@ class RunDir:
         lines_up_to = saved.step - 1 if owed and owed_final is None else saved.step
         finals = set(saved.final_evaluations) - {owed_final}
         scored = {step for step, _ in saved.test_scores}
-        self._keep(self.ledger_path, lambda r: r.get("step", 0) <= saved.step)
+        kept = 0
+
+        def counted(record: dict[str, Any]) -> bool:  # up to the saved step, as many as the checkpoint counts
+            nonlocal kept
+            kept += record.get("step", 0) <= saved.step
+            return record.get("step", 0) <= saved.step and (
+                saved.ledger_records is None or kept <= saved.ledger_records
+            )
+
+        self._keep(self.ledger_path, counted)
         self._keep(
             self.metrics_path,
             lambda r: r.get("step", 0) <= lines_up_to and (not r.get("final") or r.get("step") in finals),

@@ -64,6 +64,15 @@ class FinalCheckResult(BaseModel):
     decided on, `gap` that minus `final_score`: how much of the search's measured gain did
     not hold on the check. `search_parameters` are the values the search ended with,
     kept whatever was returned; `parameters` the values returned.
+
+    `evidence` says whose evidence the check read: "held out" (reserved examples),
+    "fresh rollouts" (the search's examples run again by a noisy agent or judge: new
+    draws) or "reused" (the search's examples run again by a deterministic agent: the
+    same answers the search chose on). Reused evidence is tested at `level`, `alpha`
+    divided by the `compared` candidates the search measured on those examples (a
+    Bonferroni bound on having picked the luckiest of them); otherwise `level` is
+    `alpha`. `min_gain` is the smallest mean gain (a share) the check could have shown
+    at that level on its examples (every changed example won; any loss asks for more).
     """
 
     kind: str
@@ -86,6 +95,10 @@ class FinalCheckResult(BaseModel):
     gap: float | None = None
     reason: str = ""
     search_parameters: dict[str, Any] = Field(default_factory=dict)
+    evidence: str | None = None
+    compared: int = 1
+    level: float | None = None
+    min_gain: float | None = None
     # The values returned, and the step after which the check ran (a resumed run that
     # makes more steps checks again; one that makes none returns these).
     parameters: dict[str, Any] = Field(default_factory=dict)
@@ -106,7 +119,11 @@ class FinalCheckResult(BaseModel):
                 f", difference {self.difference * 100:+.1f} points [{self.interval[0] * 100:+.1f}, "
                 f"{self.interval[1] * 100:+.1f}], p = {self.p_value:.3g}"
             )
+        if self.evidence == "reused":
+            line += f" at level {self.level:.2g} (alpha {self.alpha:g} / {self.compared} candidates: reused evidence)"
         line += f"; returned {shown.get(self.returned, self.returned)}"
+        if self.returned == "start" and self.min_gain is not None:
+            line += f" (the smallest gain it could show: {self.min_gain * 100:.1f} points)"
         if self.gap is not None:
             line += f"; the search measured {_pct(self.search_score)} on its own examples (gap {self.gap * 100:+.1f})"
         return line

@@ -34,6 +34,9 @@ class FinalCheck:
         fraction: the share of the training data reserved for the check when there is
             enough of it (`min_data` examples or more): at least `min_size`, at most
             `max_size` examples, drawn with the run's seed.
+        power_size: the examples reserved at least, when the data leaves the search as
+            many (half of it at most): enough for a few points' gain from a good start to
+            pass (`bench/robustness.py`'s 240-example row). 0: `fraction` alone.
         min_size: the fewest examples reserved.
         max_size: the most examples reserved.
         min_data: training examples below which nothing is reserved; the check then runs
@@ -45,17 +48,25 @@ class FinalCheck:
             check of few examples, so that each side has at least `min_rollouts`.
         min_rollouts: the fewest rollouts of each side at a noisy check's second look.
         probe: examples run twice under the starting values, before the first step, to
-            find out whether the agent or judge is noisy.
+            find out whether the agent or judge is noisy; 0 runs none, and the agent is
+            then taken as deterministic (a small budget's choice: the check is then held to
+            the reused-evidence level, which also holds for a noisy agent, if with less power).
         rerun_size: with nothing reserved, the most examples the check runs again (a
             seeded sample of the training and validation examples); None: all of them.
             A run on a small metric-call budget (GEPA's bridge) keeps the check's cost
-            in proportion with it.
+            in proportion with it. The sample is drawn from the training examples no
+            step decided on when enough of them are left (fresh evidence).
+        keep_calls: keep the check's first look out of a call or metric-call limit, so the
+            search stops early enough to pay for it. False (a small budget): the search
+            spends the whole limit, and the check of a deterministic agent reads what the
+            search measured and runs only the examples it lacks, within what is left.
         examples: the examples to check on instead of reserving some of the training
             data (any dataset shape `train()` takes, or `LoggedRollout`s: the newest
             traces, `opto.core.logged.split_newest`); the search never decides on them.
     """
 
     fraction: float = 0.25
+    power_size: int = 120
     min_size: int = 16
     max_size: int = 200
     min_data: int = 96
@@ -65,6 +76,7 @@ class FinalCheck:
     min_rollouts: int = 60
     rerun_size: int | None = None
     examples: Sequence[Any] | None = None
+    keep_calls: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction < 1:
@@ -75,10 +87,10 @@ class FinalCheck:
             raise OptoValueError(f"FinalCheck min_data must be at least 2 * min_size, got {self.min_data}")
         if not 0 < self.alpha < 1:
             raise OptoValueError(f"FinalCheck alpha must be a level in (0, 1), e.g. 0.1, got {self.alpha!r}")
-        for name in ("repeats", "probe", "min_rollouts"):
+        for name, least in (("repeats", 1), ("probe", 0), ("min_rollouts", 1), ("power_size", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise OptoValueError(f"FinalCheck {name} must be an int >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise OptoValueError(f"FinalCheck {name} must be an int >= {least}, got {value!r}")
         if self.rerun_size is not None and (not isinstance(self.rerun_size, int) or self.rerun_size < 1):
             raise OptoValueError(f"FinalCheck rerun_size must be an int >= 1 or None, got {self.rerun_size!r}")
 
@@ -90,7 +102,8 @@ class FinalCheck:
             return examples, self._given(examples)
         if len(examples) < self.min_data:
             return examples, []
-        return seeded_split(examples, self.fraction, self.min_size, self.max_size, f"opto-final-check|{seed}")
+        fraction = max(self.fraction, min(0.5, self.power_size / len(examples)))
+        return seeded_split(examples, fraction, self.min_size, self.max_size, f"opto-final-check|{seed}")
 
     def _given(self, training: list[Example]) -> list[Example]:
         given = list(self.examples or [])

@@ -5,7 +5,11 @@ Estimator learns from every score it is told where the good values lie. `TPEProp
 is a proposer like any other: once a step it proposes values for the `int`, `float`,
 `bool` and `Constraint(choices=...)` parameters it searches (numbers need
 `Constraint(min=, max=)`), and the trainer tells it the validation score of every
-candidate its proposal went into. So
+candidate its proposal went into. Its candidates get the same cheap first look as an LLM's
+(with a validation set, a greedy search screens each on the batch and races it on the
+set): one stopped early is told as an Optuna *pruned* trial with its score where it was
+stopped, which TPE ranks below every candidate scored on the whole set, so it learns
+where not to look without paying for the whole set. So
 
     AggregatedUpdate(agent, [Optimizer(llm), TPEProposer()], validation=valset)
 
@@ -66,7 +70,8 @@ class TPEProposer:
         self.seed = seed
         self.n_startup_trials = n_startup_trials
         self.name = name
-        self._trials: list[dict[str, Any]] = []  # {"params": {...}, "value": float | None}
+        # {"params": {...}, "value": whole-set score | None, "partial": score where stopped | None}
+        self._trials: list[dict[str, Any]] = []
         self._pending: dict[str, dict[str, Any]] = {}  # proposal id -> its values, until told
 
     # The Proposer protocol --------------------------------------------------------------
@@ -87,18 +92,19 @@ class TPEProposer:
             instance_ids=[r.example_id for r in rollouts],
             update=values,
             extraction_method="tpe",
-            reasoning=f"TPE draw {len(self._trials) + 1} after {len(self._told())} scored: "
-            + ", ".join(f"{k}={v!r}" for k, v in values.items()),
+            reasoning=f"TPE draw {len(self._trials) + 1} after {self._scored('value')} scored and "
+            f"{self._scored('partial')} stopped early: " + ", ".join(f"{k}={v!r}" for k, v in values.items()),
         )
         self._pending[proposal.proposal_id] = values
         return [proposal]
 
-    def observe(self, proposal_id: str, score: float | None) -> None:
+    def observe(self, proposal_id: str, score: float | None, partial: float | None = None) -> None:
         """The validation score of the candidate a proposal went into (None: not scored on
-        the whole validation set, e.g. screened out on the batch)."""
+        the whole validation set); for one stopped before it (screened out on the batch,
+        dropped in a race), `partial`, its score where it was stopped: a pruned trial."""
         values = self._pending.pop(proposal_id, None)
         if values is not None:
-            self._trials.append({"params": values, "value": score})
+            self._trials.append({"params": values, "value": score, "partial": None if score is not None else partial})
 
     def state_dict(self) -> dict[str, Any]:
         return {"trials": [dict(t) for t in self._trials]}
@@ -141,8 +147,9 @@ class TPEProposer:
                 )
         return found
 
-    def _told(self) -> list[dict[str, Any]]:
-        return [t for t in self._trials if t["value"] is not None]
+    def _scored(self, key: str) -> int:
+        """How many trials have a `key` ("value": the whole set, "partial": stopped early)."""
+        return sum(t.get(key) is not None for t in self._trials)
 
     def _study(self, space: dict[str, Any]) -> Any:
         """A study holding the history; its sampler is seeded by (seed, history length), so
@@ -161,13 +168,22 @@ class TPEProposer:
             params = {k: v for k, v in trial["params"].items() if k in space}
             if not params or any(not space[k]._contains(space[k].to_internal_repr(v)) for k, v in params.items()):
                 continue  # tried in another space (a changed constraint): not evidence here
-            state = optuna.trial.TrialState.COMPLETE if trial["value"] is not None else optuna.trial.TrialState.FAIL
-            study.add_trial(
-                optuna.trial.create_trial(
-                    params=params, distributions={k: space[k] for k in params}, value=trial["value"], state=state
-                )
-            )
+            study.add_trial(_trial(optuna, params, {k: space[k] for k in params}, trial))
         return study
+
+
+def _trial(optuna: Any, params: dict[str, Any], distributions: dict[str, Any], told: dict[str, Any]) -> Any:
+    """A history entry as an Optuna trial: complete with its whole-set score; pruned with its
+    score where it was stopped early (TPE ranks pruned trials below every complete one, and
+    among themselves by that score); else failed (never scored: TPE leaves it out)."""
+    states = optuna.trial.TrialState
+    if told["value"] is not None:
+        found: dict[str, Any] = {"value": told["value"], "state": states.COMPLETE}
+    elif told.get("partial") is not None:  # a checkpoint from before screening has no "partial"
+        found = {"intermediate_values": {0: told["partial"]}, "state": states.PRUNED}
+    else:
+        found = {"state": states.FAIL}
+    return optuna.trial.create_trial(params=params, distributions=distributions, **found)
 
 
 def _plain(value: Any) -> Any:

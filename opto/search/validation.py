@@ -107,12 +107,22 @@ class Validation:
         """The fewest agent runs this policy makes in one step (for the budget check)."""
         return 0
 
+    def most_rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        """The most agent runs this policy makes in one step on a deterministic agent (the
+        estimate's upper end; a noisy agent's repeats come on top)."""
+        return self.rollouts_per_step(batch_size, candidates)
+
     def reset(self) -> None:
         """Forget what was measured in an earlier run (called when a run starts)."""
 
     def set_noise(self, repeats: int) -> None:
         """The agent or judge is noisy (two runs of the same values disagreed): measure a
         candidate that won, and the current values, up to `repeats` times (1: not noisy)."""
+
+    def take_current_rollouts(self) -> list[Rollout]:
+        """The current values' rollouts this policy measured since it was last asked (the
+        trainer writes them to the ledger: every paid rollout is on the record)."""
+        return []
 
     def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
         """The step's decisions once all its candidates are judged: with `alpha` and several
@@ -335,6 +345,7 @@ class DatasetValidation(Validation):
         self.behind = behind
         self._current: dict[str, asyncio.Future[list[Rollout]]] = {}
         self._measured: dict[str, int] = {}  # measurements pooled in `_current`, per set of values
+        self._unrecorded: list[Rollout] = []  # the current values' rollouts not yet in the ledger
         self.repeats = 1
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
@@ -342,7 +353,12 @@ class DatasetValidation(Validation):
 
     def reset(self) -> None:
         self._current, self._measured = {}, {}  # another run may have another agent model
+        self._unrecorded = []
         self.repeats = 1
+
+    def take_current_rollouts(self) -> list[Rollout]:
+        taken, self._unrecorded = self._unrecorded, []
+        return taken
 
     def set_noise(self, repeats: int) -> None:
         self.repeats = repeats
@@ -362,9 +378,12 @@ class DatasetValidation(Validation):
         return cached
 
     async def _run(self, ctx: ValidationContext, update: dict[Any, Any] | None) -> list[Rollout]:
-        return await ctx.executor.run(
+        rollouts = await ctx.executor.run(
             ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
         )
+        if update is None:
+            self._unrecorded += rollouts
+        return rollouts
 
     async def _more(self, ctx: ValidationContext, earlier: asyncio.Future[list[Rollout]]) -> list[Rollout]:
         return [*await asyncio.shield(earlier), *await self._run(ctx, None)]
@@ -461,6 +480,9 @@ class MinibatchFirst(DatasetValidation):
 
     def rollouts_per_step(self, batch_size: int, candidates: int) -> int:
         return batch_size * candidates  # a candidate that loses on the batch costs no more
+
+    def most_rollouts_per_step(self, batch_size: int, candidates: int) -> int:
+        return batch_size * candidates + super().rollouts_per_step(batch_size, candidates)  # every one screened in
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         screened = await ctx.executor.run(

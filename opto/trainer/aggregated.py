@@ -64,9 +64,10 @@ from ..search.validation import (
     by_score,
     make_validation,
 )
+from .check_phase import CheckPhase
 from .estimate import PerCall, given_per_call, per_unit
 from .failures import check_failures
-from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
+from .final_check import Runner
 from .logged import LoggedGuide, ReplayAgent, judged_rollouts
 from .minibatch import Minibatch, StepContext
 from .proposal_scoring import check_score_proposals, score_proposals
@@ -95,8 +96,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             a training set too small to split, the same rule on all the training examples),
             "minibatch" (re-run the batch with the candidate), "none" (always accept), a
             dataset to validate on (a greedy search: `MinibatchFirst(dataset, race=8,
-            accept_ties=True)`; pool-based selection or a proposer that learns from
-            validation scores: `DatasetValidation(dataset)`), or a `Validation`.
+            accept_ties=True)`; pool-based selection: `DatasetValidation(dataset)`), or a
+            `Validation`.
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
         final_check: how `train()` checks the values it returns against the start
@@ -179,9 +180,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if final_check is not None and not isinstance(final_check, FinalCheck):
             raise OptoTypeError(f"final_check must be a FinalCheck, 'auto' or None, got {final_check!r}")
         self.final_check = final_check
+        # The noise probe, what the check keeps of the search, and the check (None: no check).
+        self.checker = CheckPhase(final_check) if final_check is not None else None
         self._check_examples: list[Example] = []  # reserved for the final check
         self._train_examples: list[Example] = []  # what the run trains on
-        self._noise: NoiseProbe | None = None
         self._incumbent_score: float | None = None  # the current values' score on the examples decided on
         self._guard: CopyGuard | None = None
         self._copy_note: str | None = None  # asks the LLM proposers for general rules (see _note_copies)
@@ -218,9 +220,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """A user's validation set: a greedy search screens on the batch, races on the set
         and accepts ties (`MinibatchFirst(set, race=8, accept_ties=True)`, measured best
         by `bench/search.py` and `bench/robustness.py`; the final check guards what the run
-        returns). A pool, or a proposer that learns from validation scores (`observe`),
-        needs every candidate scored on the whole set: `DatasetValidation(set)`."""
-        if self.selector.uses_pool or any(hasattr(p, "observe") for p in self.proposers):
+        returns). A pool needs every candidate scored on the whole set:
+        `DatasetValidation(set)`. A proposer that learns from validation scores (`observe`,
+        `TPEProposer`) is screened too, and told where a candidate was stopped."""
+        if self.selector.uses_pool:
             return validation
         return MinibatchFirst(validation.examples, race=8, accept_ties=True)
 
@@ -238,7 +241,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             examples = self._hold_out(examples, batch_size)
         self._train_examples = examples
         self._guard = CopyGuard([*examples, *self.validation_examples(), *self._check_examples])
-        self._noise, self._incumbent_score = None, None
+        self._incumbent_score = None
+        if self.checker is not None:
+            self.checker.reset(examples, self._check_examples, seed)
         self.validation.reset()
         self._unread_warned, self._read = set(), set()
         self.remember(guide, stepsize, min_score)
@@ -280,8 +285,10 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # The step, top to bottom ----------------------------------------------------------
 
     async def step(self, batch: list[Example], ctx: StepContext) -> StepRecord:
-        if self.final_check is not None and self._noise is None:
-            await self._probe_noise(ctx)
+        if self.checker is not None:
+            if not self.checker.probed:
+                await self._probe_noise(ctx)
+            self.checker.note_batch(batch)
         if self.selector.uses_pool and self.pool:
             plan = self.merge.plan(self.pool, self._merges_tried) if self.merge and self.merge.due(ctx.step) else None
             if plan is not None:
@@ -363,28 +370,16 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
                 proposer.note = note
 
     async def _probe_noise(self, ctx: StepContext) -> None:
-        """Before the first step: run the starting values twice on a few training examples;
-        any disagreement means a noisy agent or judge, which the final check meets with
-        repeated rollouts."""
-        assert self.final_check is not None
-        size = min(self.final_check.probe, len(self._train_examples))
-        examples = random.Random(f"opto-probe|{self._seed}").sample(self._train_examples, size)
-        self._noise, rollouts = await probe_noise(self._runner(ctx), examples)
-        for rollout in rollouts:
+        """Before the first step: the check's noise probe, on the record; a noisy agent's
+        candidates that win are measured again (`Validation.set_noise`)."""
+        assert self.checker is not None
+        for rollout in await self.checker.probe(self._runner(ctx), self.agent.stored_values()):
             ctx.emit(RolloutEvent(step=ctx.step, phase="probe", **rollout.to_record()))
         self._tell_noise()
-        if self._noise.noisy:
-            logger.info(
-                "the agent or judge is noisy: %d of %d examples scored differently when run twice with the same "
-                "values; candidates that win and the final check are measured %d times",
-                self._noise.disagreed,
-                self._noise.examples,
-                self.final_check.repeats,
-            )
 
     def _tell_noise(self) -> None:
-        if self._noise is not None and self.final_check is not None:
-            self.validation.set_noise(2 if self._noise.noisy else 1)
+        if self.checker is not None and self.checker.noise is not None:
+            self.validation.set_noise(2 if self.checker.noise.noisy else 1)
 
     def _runner(self, ctx: StepContext) -> Runner:
         return Runner(agent=self.agent, guide=ctx.guide, executor=self.executor, min_score=ctx.min_score,
@@ -393,28 +388,34 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     async def check_final(
         self, ctx: StepContext, start: dict[str, Any], final: dict[str, Any], fallback: dict[str, Any] | None
     ) -> tuple[FinalCheckResult, dict[str, Any]] | None:
-        """The final check (`opto.search.FinalCheck`): on the reserved examples, or on every
-        training and validation example again when none were reserved."""
-        if self.final_check is None:
+        """The final check (`opto.search.FinalCheck`, run by `CheckPhase`): on the reserved
+        examples, or on the training and validation examples again when none were reserved."""
+        if self.checker is None:
             return None
-        kind = "held-out" if self._check_examples else "repeated rollouts"
-        examples = self._final_check_examples()
-        result, values, _ = await check_final_values(
+        return await self.checker.check(
             self._runner(ctx),
-            self.final_check,
-            examples=examples,
-            kind=kind,
+            self.validation_examples(),
             start=start,
             final=final,
             fallback=fallback,
-            noisy=self._noise.noisy if self._noise is not None else False,
             guard=self._guard,
             search_score=self.search_score(),
+            on_made=lambda found: self._record_check(found, ctx),
+            allowance=ctx.rollouts_left,
         )
-        return result, values
+
+    def _remember(self, values: dict[str, Any], rollouts: Sequence[Rollout]) -> None:
+        """What the search measured of `values`, for a check of a deterministic agent."""
+        if self.checker is not None:
+            self.checker.remember(values, rollouts)
+
+    @staticmethod
+    def _record_check(rollouts: list[Rollout], ctx: StepContext) -> None:
+        for rollout in rollouts:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="final_check", **rollout.to_record()))
 
     def has_final_check(self) -> bool:
-        return self.final_check is not None
+        return self.checker is not None
 
     def check_set(self) -> list[Example]:
         return list(self._check_examples)
@@ -422,25 +423,17 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     def reserved_calls(self) -> int:
         """The final check's first look: the start and the final values once on each of its
         examples (one call per rollout assumed). A noisy agent's second look and a fallback
-        candidate come on top."""
-        return 2 * len(self._final_check_examples()) if self.final_check is not None else 0
+        candidate come on top. None with `FinalCheck(keep_calls=False)`."""
+        return self.checker.kept_calls(self.validation_examples()) if self.checker is not None else 0
 
     def check_rollouts(self) -> int:
         """The noise probe (its examples twice) and the final check's first look."""
-        if self.final_check is None:
+        if self.checker is None:
             return 0
-        return 2 * min(self.final_check.probe, len(self._train_examples)) + self.reserved_calls()
+        return 2 * min(self.checker.settings.probe, len(self._train_examples)) + self.reserved_calls()
 
-    def _final_check_examples(self) -> list[Example]:
-        """The reserved examples, or (none reserved) every training and validation example once."""
-        if self._check_examples:
-            return self._check_examples
-        found = list({e.id: e for e in [*self._train_examples, *self.validation_examples()]}.values())
-        size = self.final_check.rerun_size if self.final_check is not None else None
-        if size is not None and len(found) > size:
-            chosen = {e.id for e in random.Random(f"opto-rerun|{self._seed}").sample(found, size)}
-            found = [e for e in found if e.id in chosen]
-        return found
+    def probe_rollouts(self) -> int:
+        return self.checker.probe_rollouts() if self.checker is not None else 0
 
     def search_score(self) -> float | None:
         """The final values' score on the examples the search decided on (validation set,
@@ -452,25 +445,30 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     def _tell_scores(self, record: StepRecord) -> None:
         """Tell each proposer that learns from scores (`observe`, e.g. `TPEProposer`) the
         validation score of the candidate each of its proposals went into (None when the
-        candidate was not scored on the whole validation set)."""
+        candidate was not scored on the whole validation set), and as `partial` its score
+        where it was stopped before that (screened out on the batch, dropped in a race)."""
         learners = {p.name: p for p in self.proposers if hasattr(p, "observe")}
         if not learners:
             return
-        # Scores on the whole validation set (not a batch's, a screening's or a race's part).
-        whole = (
-            {d.candidate_id: d.candidate_score for d in record.decisions if d.stage in (None, "dataset")}
-            if isinstance(self.validation, DatasetValidation)
-            else {}
-        )
+        whole: dict[str, float | None] = {}  # scores on the whole validation set
+        part: dict[str, float | None] = {}  # scores on the batch or the raced part it was stopped at
+        if isinstance(self.validation, DatasetValidation):
+            for d in record.decisions:
+                if d.candidate_id is not None:  # None: a step without candidates
+                    (whole if d.stage in (None, "dataset") else part)[d.candidate_id] = d.candidate_score
         told: dict[str, float | None] = {}
+        stopped: dict[str, float | None] = {}
         for event in record.events:
             if event.type == "candidate" and event.final:
                 for proposal_id in event.source_proposals:
                     if told.get(proposal_id) is None:
                         told[proposal_id] = whole.get(event.candidate_id)
+                    if stopped.get(proposal_id) is None:
+                        stopped[proposal_id] = part.get(event.candidate_id)
         for event in record.events:
             if event.type == "proposal" and event.proposer in learners:
-                learners[event.proposer].observe(event.proposal_id, told.get(event.proposal_id))
+                pid = event.proposal_id
+                learners[event.proposer].observe(pid, told.get(pid), partial=stopped.get(pid))
 
     async def _rollouts_and_proposals(
         self,
@@ -533,6 +531,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """A step's own rollouts into its record; too many failed ones stop the run."""
         for rollout in rollouts:
             ctx.emit(RolloutEvent(step=ctx.step, phase=phase, **rollout.to_record()))
+        if phase == "train":
+            self._remember(self.agent.stored_values(), rollouts)
         ctx.failure_log.note(rollouts, f"step {ctx.step}")
         check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
 
@@ -631,6 +631,9 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             record.accepted, record.candidate_score, record.note = False, best.candidate_score, best.reason
             return record
         decision, winner = max(accepted, key=lambda pair: by_score(pair[0]))
+        self._remember(
+            {**self.agent.stored_values(), **winner.update}, [*decision.screening_rollouts, *decision.rollouts]
+        )
         self.agent.apply(winner.update)
         self._incumbent_score = decision.candidate_score
         ctx.emit(AppliedEvent(step=ctx.step, candidate_id=winner.candidate_id, update=winner.update))
@@ -677,6 +680,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update)) for c in candidates
         )
         decisions = self.validation.across_candidates(decisions)
+        if self.checker is not None:
+            self.checker.note_compared(sum(d.candidate_score is not None for d in decisions))
+        current = self.validation.take_current_rollouts()
+        for rollout in current:
+            ctx.emit(RolloutEvent(step=ctx.step, phase="current", **rollout.to_record()))
+        self._remember(self.agent.stored_values(), current)
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
             for rollout in decision.screening_rollouts:
@@ -718,18 +727,31 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
 
     # The budget check before the first step ------------------------------------------
 
-    def calls_per_step(self, batch_size: int) -> dict[str, int]:
+    def calls_per_step(self, batch_size: int, most: bool = False) -> dict[str, int]:
         llm_proposers = [p for p in self.proposers if isinstance(p, Optimizer)]
         candidates = self.candidate_source.min_candidates if llm_proposers else 1
         once_a_step = self._batch_proposers()
         reflective = [p for p in llm_proposers if p in once_a_step]
         per_instance = len(llm_proposers) - len(reflective)
+        proposals = batch_size * per_instance + len(reflective)
+        if not most:
+            validation = self.validation.rollouts_per_step(batch_size, candidates)
+        else:  # every proposal a candidate of its own too; a noisy agent measures each `repeats` times
+            candidates += proposals + len(self.proposers) - len(llm_proposers)
+            repeats = self.final_check.repeats if self.final_check is not None else 1
+            validation = repeats * self.validation.most_rollouts_per_step(batch_size, candidates)
         return {
             "rollouts": batch_size,
-            "proposals": batch_size * per_instance + len(reflective),
+            "proposals": proposals,
             "aggregation": self.candidate_source.min_calls if per_instance else 0,
-            "validation": self.validation.rollouts_per_step(batch_size, candidates),
+            "validation": validation,
         }
+
+    def rollouts_to_accept(self, batch_size: int) -> int:
+        return self.probe_rollouts() + batch_size + self.validation.most_rollouts_per_step(batch_size, 1)
+
+    def check_calls(self, most: bool = False) -> int:
+        return self.checker.calls(self.validation_examples(), most) if self.checker is not None else 0
 
     async def _measure_units(
         self, guide: Guide, sample: list[Example], given: dict[str, Any], options: dict[str, Any]
@@ -810,9 +832,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
     # Pool-based selection -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"incumbent_score": self._incumbent_score, "copy_note": self._copy_note}
-        if self._noise is not None:
-            state["noise"] = self._noise.model_dump()
+        state: dict[str, Any] = {
+            "incumbent_score": self._incumbent_score,
+            "copy_note": self._copy_note,
+            **(self.checker.state_dict() if self.checker is not None else {}),
+        }
         learned = {p.name: p.state_dict() for p in self.proposers if hasattr(p, "state_dict")}
         if learned:
             state["proposers"] = learned
@@ -821,7 +845,8 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         return {**state, "pool": self.pool.model_dump(mode="json"), "merges_tried": sorted(self._merges_tried)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._noise = NoiseProbe.model_validate(state["noise"]) if state.get("noise") else None
+        if self.checker is not None:
+            self.checker.load_state_dict(state)
         self._tell_noise()
         self._incumbent_score = state.get("incumbent_score")
         self._set_copy_note(state.get("copy_note"))
@@ -859,6 +884,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
             if decision in validated:
+                self._remember({**self.agent.stored_values(), **candidate.update}, decision.rollouts)
                 entry = self.pool.add(
                     candidate.candidate_id,
                     {**current, **candidate.update},

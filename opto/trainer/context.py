@@ -30,6 +30,8 @@ class StepContext(BaseModel):
     step_record: StepRecord | None = None
     # Production's runs of the current values: the batch's rollouts, judged but not run again.
     logged: list[LoggedRollout] | None = None
+    # The final check's: the rollouts a metric-call limit still allows (None: no limit).
+    rollouts_left: int | None = None
 
     def emit(self, event: LedgerEvent) -> None:
         """Add an event to this step's record (nothing is written during a step)."""

@@ -47,7 +47,12 @@ class RoleEstimate(BaseModel):
 
 class Estimate(BaseModel):
     """What a run is expected to spend, in total and per role (see `ROLES`), with the
-    assumptions behind it, the budgets it would exceed, and what measuring it cost."""
+    assumptions behind it, the budgets it would exceed, and what measuring it cost.
+    The calls depend on what the run finds: `calls_at_fewest` (every batch went right,
+    so nothing was proposed, validated or checked) and `calls_at_most` (every proposal a
+    candidate, a noisy agent measuring winners and the check's every round again, a
+    fallback checked) bound them; `calls_if_nothing_accepted` is the estimate less the
+    final check, which makes no call when the search ends where it started."""
 
     steps: int
     calls: int
@@ -58,6 +63,10 @@ class Estimate(BaseModel):
     assumptions: list[str] = Field(default_factory=list)
     over_budget: list[str] = Field(default_factory=list)
     spent: UsageStats = Field(default_factory=UsageStats)
+    # The calls as a range: the run's cost depends on what it finds (see the assumptions).
+    calls_at_fewest: int | None = None
+    calls_if_nothing_accepted: int | None = None
+    calls_at_most: int | None = None
 
     def __str__(self) -> str:
         lines = [
@@ -70,6 +79,12 @@ class Estimate(BaseModel):
         for role, r in [*rows, ("total", total)]:
             usd = "unknown" if r.usd is None else f"${r.usd:,.4f}"
             lines.append(f"  {role:<11}{r.calls:>8,}{r.prompt_tokens:>15,}{r.completion_tokens:>19,}{usd:>11}")
+        if None not in (self.calls_at_fewest, self.calls_if_nothing_accepted, self.calls_at_most):
+            lines.append(
+                f"  calls: at the fewest {self.calls_at_fewest:,} (every batch right: nothing to propose), "
+                f"{self.calls_if_nothing_accepted:,} if nothing is accepted, {self.calls:,} as estimated, at most "
+                f"{self.calls_at_most:,}"
+            )
         lines += [f"  - {a}" for a in self.assumptions]
         lines += [f"  ! {b}" for b in self.over_budget]
         if self.spent.calls:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -21,7 +21,7 @@ from ..core.agent import Agent
 from ..core.data import Example
 from ..core.guides import Guide
 from ..core.rollout import Rollout
-from ..core.stats import paired_test, sign_test_mid_p
+from ..core.stats import paired_test, sign_test_mid_p, smallest_shown_gain
 from ..executors.local import RolloutExecutor
 from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
@@ -63,6 +63,8 @@ class Runner(BaseModel):
 
 async def probe_noise(runner: Runner, examples: Sequence[Example]) -> tuple[NoiseProbe, list[Rollout]]:
     """Run the current values twice on `examples`; count the examples whose scores differ."""
+    if not examples:  # FinalCheck(probe=0): no probe, the agent taken as deterministic
+        return NoiseProbe(examples=0, disagreed=0), []
     rollouts = await runner.run([*examples, *examples], None)
     first, second = rollouts[: len(examples)], rollouts[len(examples) :]
     disagreed = sum(a.score != b.score for a, b in zip(first, second))
@@ -80,22 +82,55 @@ def _per_example(rollouts: Sequence[Rollout]) -> dict[str, float]:
 
 class _Measured:
     """The rollouts of each set of values on the check's examples, in rounds (a round runs
-    every example once), so a second look adds rounds instead of starting over."""
+    every example once), so a second look adds rounds instead of starting over.
 
-    def __init__(self, runner: Runner, examples: Sequence[Example]) -> None:
-        self.runner, self.examples = runner, list(examples)
+    With `recorded` (a deterministic agent: {values key: {example id: score}} of what the
+    search measured), a first look reads those scores and runs only the examples they
+    lack, at most `allowance` of them (what a metric-call limit leaves): running them
+    again would give the same answers at a price."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        examples: Sequence[Example],
+        on_made: Callable[[list[Rollout]], None] | None = None,
+        recorded: Mapping[str, Mapping[str, float]] | None = None,
+        allowance: int | None = None,
+    ) -> None:
+        self.runner, self.examples, self.on_made = runner, list(examples), on_made
+        self.recorded, self.allowance = recorded, allowance
         self.rounds: dict[str, list[Rollout]] = defaultdict(list)
         self.made: list[Rollout] = []
 
     async def scores(self, values: dict[str, Any], rounds: int) -> dict[str, float]:
         """Each example's mean score over `rounds` rounds of `values` (run as needed)."""
         key = json_key(values)
+        if self.recorded is not None and rounds == 1:
+            return await self._completed(key, values)
         have = len(self.rounds[key]) // max(1, len(self.examples))
         if rounds > have:
-            found = await self.runner.run([e for _ in range(rounds - have) for e in self.examples], values)
-            self.rounds[key] += found
-            self.made += found
+            await self._run([e for _ in range(rounds - have) for e in self.examples], key, values)
         return _per_example(self.rounds[key])
+
+    async def _completed(self, key: str, values: dict[str, Any]) -> dict[str, float]:
+        """The search's scores of `values` on the check's examples, the missing ones run."""
+        wanted = {e.id for e in self.examples}
+        found = {i: score for i, score in (self.recorded or {}).get(key, {}).items() if i in wanted}
+        ran = _per_example(self.rounds[key])
+        missing = [e for e in self.examples if e.id not in found and e.id not in ran]
+        if self.allowance is not None:
+            missing = missing[: self.allowance]
+            self.allowance -= len(missing)
+        if missing:
+            await self._run(missing, key, values)
+        return {**found, **_per_example(self.rounds[key])}
+
+    async def _run(self, examples: list[Example], key: str, values: dict[str, Any]) -> None:
+        found = await self.runner.run(examples, values)
+        self.rounds[key] += found
+        self.made += found
+        if self.on_made is not None:  # on the record at once: a budget may stop the next round
+            self.on_made(found)
 
 
 async def _compare(
@@ -143,24 +178,28 @@ async def check_final_values(
     noisy: bool,
     guard: CopyGuard | None,
     search_score: float | None,
+    compared: int = 1,
+    on_made: Callable[[list[Rollout]], None] | None = None,
+    recorded: Mapping[str, Mapping[str, float]] | None = None,
+    allowance: int | None = None,
 ) -> tuple[FinalCheckResult, dict[str, Any], list[Rollout]]:
-    """The check's result, the values to return, and every rollout it made."""
+    """The check's result, the values to return, and every rollout it made (each round
+    also handed to `on_made` as soon as it is made).
+
+    `compared`: the candidates the search measured on `examples`. Where those examples
+    are not held out and the agent is deterministic (not `noisy`), running them again
+    gives the very answers the search picked the final values on, so the test is held
+    to `alpha / compared`: the chance that the luckiest of that many candidates, none
+    truly better, passes stays within `alpha`. Such a check reads the search's own scores
+    (`recorded`: {values key: {example id: score}}) and runs only the examples they lack,
+    at most `allowance` of them: the answers would be the same."""
     candidates = [values for values in (final, fallback) if values is not None]
     excluded: dict[str, str] = {}
     if guard is not None:
         for values in (start, *candidates):
             excluded.update(guard.quoted(values))
     usable = [e for e in examples if (e.id or "") not in excluded]
-    result = FinalCheckResult(
-        kind=kind,
-        examples=len(usable),
-        example_ids=[e.id or "" for e in usable],
-        excluded=excluded,
-        noisy=noisy,
-        alpha=settings.alpha,
-        search_score=search_score,
-        search_parameters=dict(final),
-    )
+    result = _opened(settings, kind, usable, excluded, noisy, compared, search_score, final)
     if final == start:
         return result.model_copy(update={"reason": "the search ended where it started"}), start, []
     if not usable:
@@ -169,11 +208,11 @@ async def check_final_values(
             start,
             [],
         )
-    measured = _Measured(runner, usable)
-    repeats = settings.rounds(len(usable)) if noisy else 1
+    level, repeats = result.level or settings.alpha, result.repeats
+    reuse = recorded if result.evidence == "reused" else None
+    measured = _Measured(runner, usable, on_made, reuse, allowance if reuse is not None else None)
     for index, values in enumerate(candidates):
-        level = settings.alpha if index == 0 else settings.alpha / 2
-        found, shown, rounds = await _compare(measured, start, values, level, repeats)
+        found, shown, rounds = await _compare(measured, start, values, level if index == 0 else level / 2, repeats)
         if not found:
             continue
         if index == 0:
@@ -188,15 +227,53 @@ async def check_final_values(
             returned = "final" if index == 0 else "fallback"
             update = {"returned": returned, "returned_score": found["score"], "reason": reason}
             return result.model_copy(update=update), values, measured.made
+    return _not_shown(result, level), start, measured.made
+
+
+def _opened(
+    settings: FinalCheck,
+    kind: str,
+    usable: list[Example],
+    excluded: dict[str, str],
+    noisy: bool,
+    compared: int,
+    search_score: float | None,
+    final: dict[str, Any],
+) -> FinalCheckResult:
+    """The check's result before any look: whose evidence it reads, the level that sets,
+    the rounds a noisy agent's second look takes, and the smallest gain it could show."""
+    evidence = "held out" if kind in ("held-out", "unseen") else "fresh rollouts" if noisy else "reused"
+    compared = max(1, compared) if evidence == "reused" else 1
+    level = settings.alpha / compared
+    repeats = settings.rounds(len(usable)) if noisy else 1
+    first_look = level / 2 if repeats > 1 else level
+    return FinalCheckResult(
+        kind=kind,
+        examples=len(usable),
+        example_ids=[e.id or "" for e in usable],
+        excluded=excluded,
+        noisy=noisy,
+        alpha=settings.alpha,
+        repeats=repeats,
+        search_score=search_score,
+        search_parameters=dict(final),
+        evidence=evidence,
+        compared=compared,
+        level=level,
+        min_gain=smallest_shown_gain(len(usable), first_look) if usable else None,
+    )
+
+
+def _not_shown(result: FinalCheckResult, level: float) -> FinalCheckResult:
+    """The start returned: neither the final values nor a fallback were shown better."""
     reason = (
-        f"the final values are not shown better than the start (p = {result.p_value:.3g}, alpha {settings.alpha:g})"
+        f"the final values are not shown better than the start (p = {result.p_value:.3g}, level {level:.2g})"
         if result.p_value is not None
         else "the final values could not be scored"
     )
     if result.fallback is not None:
         reason += f", nor the run's best validated values (p = {result.fallback['p_value']:.3g})"
-    update = {"returned": "start", "returned_score": result.start_score, "reason": reason}
-    return result.model_copy(update=update), start, measured.made
+    return result.model_copy(update={"returned": "start", "returned_score": result.start_score, "reason": reason})
 
 
 def _mid_p(before: dict[str, float], after: dict[str, float], keys: list[str]) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from ..core.rollout import Rollout
 from ..errors import OptoTypeError, OptoValueError
 from ..executors.local import AsyncioExecutor, RolloutExecutor
 from ..llm.base import Model
-from ..llm.errors import BudgetExceeded
 from ..llm.usage import Budget, UsageStats, meter_usage
 from ..run.callbacks import Callback, CallbackList
 from ..run.events import RolloutEvent, StepRecord
@@ -30,18 +29,9 @@ from ..run.ledger import Checkpoint, RunDir, RunDirWriter
 from ..run.results import EvalResult, FinalCheckResult, TrainResult
 from ..search.stopping import StopCondition
 from .context import StepContext
+from .costing import Costing
 from .diagnosis import best_rejected_win, is_rejected_win, summarize
-from .estimate import (
-    Estimate,
-    PerCall,
-    ask_to_confirm,
-    assumed_tokens,
-    combine,
-    evaluations,
-    given_per_call,
-    per_unit,
-    steps_of,
-)
+from .estimate import Estimate, PerCall, ask_to_confirm, given_per_call, per_unit
 from .evaluation import aevaluate
 from .failures import DEFAULT_MAX_FAILURES, TooManyFailures, validate_max_failures
 from .final_check import not_run
@@ -136,11 +126,9 @@ class Minibatch:
             fallback = {**final, **best} if best else None
             if fallback in (final, state.initial_parameters):
                 fallback = None
-            try:
-                found = await self.check_final(ctx, dict(state.initial_parameters), final, fallback)
-            except BudgetExceeded as exc:
-                reason = f"the budget ran out during the check ({exc}); the start is returned"
-                found = (not_run(reason, final), dict(state.initial_parameters))
+            # A budget that runs out here stops the run (the session says why): the
+            # checkpoint keeps the search's values, and resume=True finishes the check.
+            found = await self.check_final(ctx, dict(state.initial_parameters), final, fallback)
         if found is None:
             return False
         result, values = found
@@ -174,6 +162,11 @@ class Minibatch:
         """The rollouts a run makes outside its steps to check what it returns (none here)."""
         return 0
 
+    def probe_rollouts(self) -> int:
+        """The rollouts the run still makes before its first step to learn whether the
+        agent or judge is noisy (none here)."""
+        return 0
+
     def check_set(self) -> list[Example]:
         """The examples set apart for the final check (none here)."""
         return []
@@ -183,10 +176,21 @@ class Minibatch:
         conditions on calls count as spent."""
         return 0
 
-    def calls_per_step(self, batch_size: int) -> dict[str, int]:
-        """The fewest model calls one step makes, by what makes them (one call per
-        rollout assumed), for the budget check. Keys of agent runs: "rollouts", "validation"."""
+    def calls_per_step(self, batch_size: int, most: bool = False) -> dict[str, int]:
+        """The fewest model calls one step makes (`most`: the most), by what makes them (one
+        call per rollout assumed), for the budget check and the estimate. Keys of agent
+        runs: "rollouts", "validation"."""
         return {"rollouts": batch_size}
+
+    def rollouts_to_accept(self, batch_size: int) -> int:
+        """The fewest rollouts the run makes before it can accept its first candidate (the
+        noise probe, the batch, and validating one candidate that wins)."""
+        return batch_size
+
+    def check_calls(self, most: bool = False) -> int:
+        """The final check's calls: its first look when the search moved (`most`: a noisy
+        agent's every round, and a fallback candidate); none when nothing was accepted."""
+        return 0
 
     def logged_screen_size(self, batch_size: int) -> int:
         """How many logged inputs a logged first step screens its candidates on, at most."""
@@ -194,7 +198,7 @@ class Minibatch:
 
     def budget_users(self) -> list[tuple[str, Budget, set[str]]]:
         """(whose, budget, which parts of a step it pays for) for each model budget of the run."""
-        agent_parts = {"the initial test evaluation", "rollouts", "validation"}
+        agent_parts = {"the initial test evaluation", "the noise probe", "rollouts", "validation"}
         return [
             (f"the agent's model {model.name!r}", model.budget, agent_parts)
             for model in models_in(self.agent)
@@ -203,7 +207,7 @@ class Minibatch:
 
     def check_budgets(self, budget: Budget | None, batch_size: int, test: list[Example] | None) -> None:
         """Refuse, before any call, a budget whose calls left cannot pay for one step."""
-        need = self.calls_per_step(batch_size)
+        need = {"the noise probe": self.probe_rollouts(), **self.calls_per_step(batch_size)}
         if test:
             need = {"the initial test evaluation": len(test), **need}
         users: dict[int, tuple[list[str], Budget, set[str]]] = {}
@@ -218,9 +222,10 @@ class Minibatch:
             if left is not None and left < sum(needed.values()):
                 listed = ", ".join(f"{n} for {what}" for what, n in needed.items())
                 raise OptoValueError(
-                    f"the budget of {' and '.join(names)} has {left} calls left, and one step needs at least "
-                    f"{sum(needed.values())} of them ({listed}; one model call per rollout assumed): raise its "
-                    "max_calls, or make a step smaller (batch_size, num_candidates, a smaller validation set)"
+                    f"the budget of {' and '.join(names)} has {left} calls left, and the run needs at least "
+                    f"{sum(needed.values())} of them before its first step can end ({listed}; one model call per "
+                    "rollout assumed): raise its max_calls, or make a step smaller (batch_size, num_candidates, a "
+                    "smaller validation set)"
                 )
 
     def estimate(
@@ -274,64 +279,7 @@ class Minibatch:
         test = load_dataset(options["test_dataset"]) if options["test_dataset"] is not None else []
         check_examples(guide, loader.dataset, "train_dataset")
         check_examples(guide, test, "test_dataset")
-        n = len(loader.dataset)
-        steps = steps_of(n, batch_size, num_epochs)
-        counts: dict[str, int] = {}
-        for size in [batch_size] * (n // batch_size) + ([n % batch_size] if n % batch_size else []):
-            for what, calls in self.calls_per_step(size).items():
-                counts[what] = counts.get(what, 0) + num_epochs * calls
-        logged = list(options["logged"] or [])
-        if logged:  # the logged first step: the guide on each record, each candidate screened on some
-            steps += 1
-            screen = self.calls_per_step(min(len(logged), self.logged_screen_size(batch_size)))
-            for what, calls in self.calls_per_step(len(logged)).items():
-                counts[what] = counts.get(what, 0) + (screen[what] if what == "validation" else calls)
-        given = dict(tokens or {})
-        unknown = set(given) - {"agent", "optimizer", "aggregator"}
-        if unknown:
-            raise OptoValueError(
-                f"tokens has no role {sorted(unknown)}: give (prompt, completion) tokens per call for "
-                "'agent' (a rollout), 'optimizer' (a proposal call) or 'aggregator'"
-            )
-        first: list[Example] = []  # the first examples the run will train on
-        for batch in loader:
-            first += batch[: sample - len(first)]
-            if len(first) == sample:
-                break
-        assumed = None
-        if not measure:
-            values = [p.value for p in self.agent.parameters(trainable_only=True)]
-            figures, assumed = assumed_tokens(values, [e.x for e in first], batch_size)
-            given = {**figures, **given}
-        with meter_usage() as meter:
-            units, assumptions, _ = await self._measure_units(guide, first, given, options)
-        evals = evaluations(steps, options["eval_frequency"]) if test else 0
-        agent = units["agent"]
-        by_role = {
-            "agent": agent.times(counts.get("rollouts", 0)),
-            "validation": agent.times(counts.get("validation", 0)),
-            "check": agent.times(self.check_rollouts()),
-            "test": agent.times(evals * len(test)),
-        }
-        for role, what in (("optimizer", "proposals"), ("aggregator", "aggregation")):
-            if counts.get(what) and role in units:
-                by_role[role] = units[role].times(counts[what])
-        assumptions.insert(
-            0,
-            f"{steps} steps: {num_epochs} epochs of {n} training examples in batches of {batch_size}"
-            + (f"; {evals} test evaluations of {len(test)} examples" if test else ""),
-        )
-        if logged:
-            assumptions.append(
-                f"a logged first step on {len(logged)} records: the guide judges each (counted as a rollout) and "
-                f"each candidate runs on up to {self.logged_screen_size(batch_size)} of them"
-            )
-        assumptions.append(self._validation_assumption(steps))
-        if assumed is not None:
-            assumptions.insert(0, assumed)
-        budgets = [("train(budget=...)", options["budget"])] if options["budget"] is not None else []
-        budgets += [(whose, budget) for whose, budget, _ in self.budget_users()]
-        return combine(steps, by_role, assumptions, budgets, meter.total)
+        return await Costing(self).estimate(guide, loader, test, options, sample=sample, tokens=tokens, measure=measure)
 
     async def _measure_units(
         self, guide: Guide, sample: list[Example], given: dict[str, Any], options: dict[str, Any]
@@ -490,22 +438,7 @@ class Minibatch:
         A `BudgetExceeded`, Ctrl-C or SIGTERM stops the run cleanly after saving what was
         done; `resume=True` continues it.
         """
-        _check_guide(guide)
-        check_number("stepsize", stepsize, low=0.0, high=1.0)
-        check_int("num_epochs", num_epochs, minimum=0)
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("eval_frequency", eval_frequency, minimum=1, none_ok=True)
-        check_int("log_frequency", log_frequency, minimum=1, none_ok=True)
-        check_number("min_score", min_score, none_ok=True)
-        check_int("seed", seed, minimum=0)
-        for name, flag in (("verbose", verbose), ("resume", resume), ("shuffle", shuffle), ("progress", progress)):
-            check_flag(name, flag)
-        validate_max_failures(max_failures)
-        if logged:
-            if not self.takes_logged:
-                raise OptoValueError(f"{type(self).__name__} does not take logged rollouts: use AggregatedUpdate")
-            logged_examples(logged)  # each record checked before any call
-        check_number("rollout_timeout", rollout_timeout, low=0.0, open_low=True, none_ok=True)
+        self._check_train_arguments(guide, locals())
         estimate = None
         if confirm is not False:
             sizing = {"batch_size": batch_size, "num_epochs": num_epochs, "test_dataset": test_dataset,
@@ -554,6 +487,25 @@ class Minibatch:
         if session.failure is not None:  # saved; the caller's script must not go on as if it had trained
             raise _stopped_by_failures(session.failure, result, run_dir) from session.failure
         return result
+
+    def _check_train_arguments(self, guide: Guide, given: Mapping[str, Any]) -> None:
+        """`atrain`'s arguments, each checked before anything is read or sent."""
+        _check_guide(guide)
+        check_number("stepsize", given["stepsize"], low=0.0, high=1.0)
+        check_int("num_epochs", given["num_epochs"], minimum=0)
+        check_int("batch_size", given["batch_size"], minimum=1)
+        check_int("eval_frequency", given["eval_frequency"], minimum=1, none_ok=True)
+        check_int("log_frequency", given["log_frequency"], minimum=1, none_ok=True)
+        check_number("min_score", given["min_score"], none_ok=True)
+        check_int("seed", given["seed"], minimum=0)
+        for name in ("verbose", "resume", "shuffle", "progress"):
+            check_flag(name, given[name])
+        validate_max_failures(given["max_failures"])
+        if given["logged"]:
+            if not self.takes_logged:
+                raise OptoValueError(f"{type(self).__name__} does not take logged rollouts: use AggregatedUpdate")
+            logged_examples(given["logged"])  # each record checked before any call
+        check_number("rollout_timeout", given["rollout_timeout"], low=0.0, open_low=True, none_ok=True)
 
     def _writer(self, run: RunDir | None, state: Checkpoint, estimate: Estimate | None) -> RunDirWriter | None:
         """The run directory's writer (None without one), with the starting values and the

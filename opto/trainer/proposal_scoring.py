@@ -91,76 +91,13 @@ async def score_proposals(
     check_score_proposals(mode)
     if not proposals:
         return []
-    by_instance = {r.example_id: Example(r.x, r.info, id=r.example_id) for r in rollouts}
-    batch = list(by_instance.values())
-    # Each proposal's run starts up to `len(examples)` rollouts: bound the runs at once so the
-    # whole scoring keeps to about `concurrency` agent runs.
-    per_run = 1 if mode == "instance" else max(1, len(batch))
-    gate = asyncio.Semaphore(max(1, concurrency // per_run))
-    shared: dict[str, asyncio.Task[list[Rollout]]] = {}
-    runner = executor or AsyncioExecutor(concurrency)
-
-    async def run(examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
-        async with gate:
-            return await runner.run(
-                agent,
-                guide,
-                examples,
-                values=agent.resolve(cast(Mapping[Any, Any], update)),
-                min_score=min_score,
-                timeout=timeout,
-            )
-
-    def examples_for(proposal: Proposal) -> list[Example]:
-        if mode == "minibatch":
-            return batch
-        example = by_instance.get(proposal.instance_id)
-        return [example] if example is not None else []
-
-    async def one(proposal: Proposal) -> tuple[ProposalScore, list[Rollout]]:
-        base: dict[str, Any] = {"proposal_id": proposal.proposal_id, "instance_id": proposal.instance_id, "mode": mode}
-        examples = examples_for(proposal)
-        if not examples:
-            return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []
-        if not proposal.update:
-            if proposal.skipped or proposal.unreadable:
-                return ProposalScore(**base, note="the proposal carries no usable update; nothing to score"), []
-            ids = {e.id for e in examples}
-            current = mean_score([r for r in rollouts if r.example_id in ids])
-            return ProposalScore(
-                **base, score=current, note="no change proposed: the current values' score is its score"
-            ), []
-        key = json_key([[e.id for e in examples], proposal.update])
-        if key not in shared:
-            shared[key] = asyncio.ensure_future(run(examples, proposal.update))
-            fresh = True
-        else:
-            fresh = False
-        scored = await shared[key]
-        score = mean_score(scored)
-        note = "" if fresh else "same update as another proposal of this step; its score is reused"
-        if score is None:
-            note = "no rollout could be scored"
-        return ProposalScore(**base, score=score, num_rollouts=len(scored), note=note), scored if fresh else []
-
+    scorer = _Scorer(mode, agent, guide, rollouts, min_score, concurrency, timeout, executor)
     try:
-        results = await gather_all(one(p) for p in proposals)
+        results = await gather_all(scorer.one(p) for p in proposals)
     finally:
-        for task in shared.values():
-            if not task.done():
-                task.cancel()
+        scorer.cancel()
     if ctx is not None:
-        for result, scored in results:
-            for rollout in scored:
-                ctx.emit(
-                    RolloutEvent(
-                        step=ctx.step,
-                        phase="proposal_validation",
-                        proposal_id=result.proposal_id,
-                        **rollout.to_record(),
-                    )
-                )
-            ctx.emit(ProposalScoreEvent(step=ctx.step, **result.model_dump(mode="json")))
+        _record(ctx, results)
     scores = [result for result, _ in results]
     logger.info(
         "scored %d proposals (%s): %s",
@@ -169,3 +106,91 @@ async def score_proposals(
         ", ".join("n/a" if s.score is None else f"{s.score:.3f}" for s in scores),
     )
     return scores
+
+
+class _Scorer:
+    """One step's proposal scoring: each distinct update run once on its examples, the
+    runs at once bounded so the whole keeps to about `concurrency` agent runs."""
+
+    def __init__(
+        self,
+        mode: str,
+        agent: Agent,
+        guide: Guide,
+        rollouts: Sequence[Rollout],
+        min_score: float | None,
+        concurrency: int,
+        timeout: float | None,
+        executor: RolloutExecutor | None,
+    ) -> None:
+        self.mode, self.agent, self.guide, self.rollouts = mode, agent, guide, rollouts
+        self.min_score, self.timeout = min_score, timeout
+        self.by_instance = {r.example_id: Example(r.x, r.info, id=r.example_id) for r in rollouts}
+        self.batch = list(self.by_instance.values())
+        # Each proposal's run starts up to `len(examples)` rollouts.
+        per_run = 1 if mode == "instance" else max(1, len(self.batch))
+        self.gate = asyncio.Semaphore(max(1, concurrency // per_run))
+        self.shared: dict[str, asyncio.Task[list[Rollout]]] = {}
+        self.runner = executor or AsyncioExecutor(concurrency)
+
+    async def run(self, examples: list[Example], update: dict[str, Any]) -> list[Rollout]:
+        async with self.gate:
+            return await self.runner.run(
+                self.agent,
+                self.guide,
+                examples,
+                values=self.agent.resolve(cast(Mapping[Any, Any], update)),
+                min_score=self.min_score,
+                timeout=self.timeout,
+            )
+
+    def examples_for(self, proposal: Proposal) -> list[Example]:
+        if self.mode == "minibatch":
+            return self.batch
+        example = self.by_instance.get(proposal.instance_id)
+        return [example] if example is not None else []
+
+    async def one(self, proposal: Proposal) -> tuple[ProposalScore, list[Rollout]]:
+        """The proposal's score, and the rollouts run for it (none when reused or not run)."""
+        base: dict[str, Any] = {
+            "proposal_id": proposal.proposal_id,
+            "instance_id": proposal.instance_id,
+            "mode": self.mode,
+        }
+        examples = self.examples_for(proposal)
+        if not examples:
+            return ProposalScore(**base, note=f"instance {proposal.instance_id!r} is not in the step's batch"), []
+        if not proposal.update:
+            if proposal.skipped or proposal.unreadable:
+                return ProposalScore(**base, note="the proposal carries no usable update; nothing to score"), []
+            ids = {e.id for e in examples}
+            current = mean_score([r for r in self.rollouts if r.example_id in ids])
+            return ProposalScore(
+                **base, score=current, note="no change proposed: the current values' score is its score"
+            ), []
+        key = json_key([[e.id for e in examples], proposal.update])
+        fresh = key not in self.shared
+        if fresh:
+            self.shared[key] = asyncio.ensure_future(self.run(examples, proposal.update))
+        scored = await self.shared[key]
+        score = mean_score(scored)
+        note = "" if fresh else "same update as another proposal of this step; its score is reused"
+        if score is None:
+            note = "no rollout could be scored"
+        return ProposalScore(**base, score=score, num_rollouts=len(scored), note=note), scored if fresh else []
+
+    def cancel(self) -> None:
+        for task in self.shared.values():
+            if not task.done():
+                task.cancel()
+
+
+def _record(ctx: StepContext, results: Sequence[tuple[ProposalScore, list[Rollout]]]) -> None:
+    """Each proposal's rollouts and score into the step's record."""
+    for result, scored in results:
+        for rollout in scored:
+            ctx.emit(
+                RolloutEvent(step=ctx.step, phase="proposal_validation", proposal_id=result.proposal_id,
+                             **rollout.to_record())
+            )  # fmt: skip
+        ctx.emit(ProposalScoreEvent(step=ctx.step, **result.model_dump(mode="json")))

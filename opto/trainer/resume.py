@@ -100,7 +100,7 @@ def _check_run_files(run: RunDir, saved: Checkpoint, agent: Agent) -> None:
     for number, record in enumerate(ledger, start=1):
         _step_of(record, run.ledger_path, number, None)
     covered = sum(1 for record in ledger if record["step"] <= saved.step)
-    if saved.ledger_records is not None and covered != saved.ledger_records:
+    if saved.ledger_records is not None and covered != saved.ledger_records and not _check_cut_short(ledger, saved):
         raise damaged(
             run.ledger_path,
             f"it holds {covered} records of steps up to {saved.step}, and "
@@ -126,6 +126,19 @@ def _check_run_files(run: RunDir, saved: Checkpoint, agent: Agent) -> None:
         if not isinstance(best.get("parameters"), dict):
             raise damaged(run.best_path, "parameters: not an object of parameter values")
         _check_values(agent, best["parameters"], run.best_path, "parameters")
+
+
+def _check_cut_short(ledger: list[dict[str, Any]], saved: Checkpoint) -> bool:
+    """Whether the records the checkpoint does not count are the final check's rollouts,
+    written before a stop that came ahead of the checkpoint: resume drops them
+    (`RunDir.discard_unsaved`) and checks again."""
+    covered = [record for record in ledger if record["step"] <= saved.step]
+    surplus = len(covered) - (saved.ledger_records or 0)
+    return (
+        surplus > 0
+        and saved.final_check is None
+        and all(r.get("type") == "rollout" and r.get("phase") == "final_check" for r in covered[-surplus:])
+    )
 
 
 def _records(path: Path) -> list[Any]:

@@ -53,6 +53,7 @@ class Trainer(Protocol):
     async def _final_check_phase(self, state: Checkpoint, ctx: StepContext) -> bool: ...
     def finish(self) -> bool: ...
     def reserved_calls(self) -> int: ...
+    def rollouts_to_accept(self, batch_size: int) -> int: ...
     def _account(self, state: Checkpoint, ctx: StepContext, record: StepRecord, loader: DataLoader) -> None: ...
     def _track_best(self, state: Checkpoint, record: StepRecord) -> None: ...
     def _save(self, writer: RunDirWriter | None, state: Checkpoint, started: float) -> None: ...
@@ -172,6 +173,7 @@ class Session:
         counter = self._rollouts
         if limit is not None and counter is not None:
             counter.limit = max(0, limit - self.prior_rollouts - self.trainer.reserved_calls())
+            self.warn_if_too_small(limit, counter.limit)
         try:
             if self.options.logged and self.state.step == 0 and not self.should_stop():
                 # Proposed from production's records, screened on them; the first training batch
@@ -189,12 +191,37 @@ class Session:
             if counter is not None:
                 counter.limit = None  # the final check runs on what was kept for it
 
+    def warn_if_too_small(self, limit: int, left: int) -> None:
+        """Say before any metric call when a limit leaves the search too little to accept
+        anything: the run can then only end where it started."""
+        need = self.trainer.rollouts_to_accept(self.loader.batch_size)
+        if self.state.step == 0 and left < need:
+            kept = limit - self.prior_rollouts - left
+            logger.warning(
+                "MaxMetricCalls(%d) leaves the search %d metric calls%s, and accepting a first candidate takes at "
+                "least %d (the noise probe, a batch of %d, and validating a candidate that wins): this run can only "
+                "return its start. Give max_metric_calls=%d or more, or a smaller batch or validation set",
+                limit,
+                left,
+                f" ({kept} kept for the final check)" if kept else "",
+                need,
+                self.loader.batch_size,
+                need + kept,
+            )
+
     async def finish_run(self) -> None:
         """The trainer's final values, the final check, and the test set under the values
         returned (measured again only when they changed or were not measured at this step)."""
         state, trainer = self.state, self.trainer
         changed = trainer.finish()
-        changed = await trainer._final_check_phase(state, self.context(state.step, state.epoch)) or changed
+        # The check's rollouts go to the ledger, also when a budget stops it (`close`).
+        check = self._unfinished = self.context(state.step, state.epoch)
+        limit = metric_call_limit(self.options.stop)
+        if limit is not None and self._rollouts is not None:
+            check.rollouts_left = max(0, limit - self.prior_rollouts - self._rollouts.count)
+        changed = await trainer._final_check_phase(state, check) or changed
+        self._unfinished = None
+        self.write_events(check)
         state.parameters = trainer.agent.stored_values()
         self._checkpoint()
         measured = bool(state.final_evaluations) and state.final_evaluations[-1] == state.step  # a finished run resumed
@@ -327,6 +354,17 @@ class Session:
     def usage(self) -> dict[str, UsageStats]:
         """The run's usage so far: earlier sessions' (resume) and this one's."""
         return merge_usage(self.prior_usage, self._meter.by_model if self._meter is not None else {})
+
+    def write_events(self, ctx: StepContext) -> None:
+        """Events made outside a step (the final check's rollouts) to the ledger and the
+        observers, without a step's end."""
+        events = ctx.step_record.events if ctx.step_record is not None else []
+        for sink in (self.writer, self.observers):
+            if sink is not None:
+                for event in events:
+                    sink.on_event(event)
+        if self.writer is not None:
+            self.writer.flush()
 
     def _checkpoint(self) -> None:
         if self.writer is not None:

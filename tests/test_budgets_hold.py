@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from opto import AggregatedUpdate, Budget, BudgetExceeded, DatasetValidation, ExactMatchGuide, OpenAIModel, Optimizer
+from opto import AggregatedUpdate, Budget, BudgetExceeded, DatasetValidation, ExactMatchGuide, FinalCheck, OpenAIModel, Optimizer
 from opto import OptoValueError, RunDir
 from opto.report.markdown import write_report
 from opto.testing import FakeOpenAIServer
@@ -103,3 +103,48 @@ def test_every_agent_call_of_a_run_with_a_probe_a_race_and_a_check_is_a_ledger_r
     summary = write_report(tmp_path)
     assert summary.reconciled is True and summary.ledger_rollouts == phases
     assert "counted: they agree" in (tmp_path / "report.md").read_text()
+
+
+async def test_a_timed_out_call_is_paid_and_a_refused_one_is_not() -> None:
+    from opto import ScriptedModel
+    from opto.llm.errors import LLMRequestError, LLMTimeoutError
+
+    budget = Budget(max_calls=5)
+    model = ScriptedModel([LLMTimeoutError("timed out", 3), LLMRequestError("refused", 400), "fine"], budget=budget)
+    for _ in range(2):
+        with pytest.raises((LLMTimeoutError, LLMRequestError)):
+            await model.complete(MSG)
+    assert (await model.complete(MSG)).text == "fine"
+    assert model.usage.calls == 2 == budget.calls  # the timed-out request and the answered one
+
+
+def test_a_step_a_metric_limit_cuts_short_stays_on_the_record(tmp_path):
+    from opto import MaxMetricCalls
+    from opto.report.markdown import write_report
+
+    agent = Adder()
+    trainer = AggregatedUpdate(agent, Optimizer(brain(GOOD)))
+    result = trainer.train(ExactMatchGuide(), sums(40), batch_size=4, run_dir=tmp_path, stop=MaxMetricCalls(120),
+                           progress=False)  # fmt: skip
+    assert "stopped unfinished" in result.stopped_reason
+    assert write_report(tmp_path).reconciled is True  # the cut step's rollouts are in the ledger
+
+
+def test_a_budget_stop_in_the_check_keeps_every_rollout_it_paid_for(tmp_path):
+    from opto.report.markdown import write_report
+
+    whole, _ = _run(tmp_path / "whole")
+    stopped, _ = _run(tmp_path / "parts", Budget(max_calls=whole.usage.calls - 50))
+    assert "budget" in stopped.stopped_reason
+    assert write_report(tmp_path / "parts").reconciled is True
+
+
+def test_a_check_that_keeps_no_calls_stays_within_a_metric_limit_even_on_held_out_data():
+    from opto import MaxMetricCalls
+
+    trainer = AggregatedUpdate(Adder(), Optimizer(brain(GOOD)), final_check=FinalCheck(probe=0, keep_calls=False))
+    result = trainer.train(ExactMatchGuide(), sums(100), batch_size=4, stop=MaxMetricCalls(40), progress=False)
+    assert result.final_check.kind == "held-out" and result.metric_calls <= 40
+    estimate = AggregatedUpdate(Adder(), Optimizer(brain(GOOD)), final_check=FinalCheck(probe=0, keep_calls=False))
+    found = estimate.estimate(ExactMatchGuide(), sums(100), batch_size=4)
+    assert 0 <= found.calls_at_fewest <= found.calls_if_nothing_accepted <= found.calls <= found.calls_at_most

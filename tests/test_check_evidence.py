@@ -7,13 +7,14 @@ again). It says the smallest gain it could have shown; small budgets still searc
 from __future__ import annotations
 
 import asyncio
+import sys
 import logging
 from typing import Any
 
 import pytest
 
 from opto import Agent, AggregatedUpdate, ExactMatchGuide, Example, FinalCheck, MaxMetricCalls, Optimizer, Parameter
-from opto.core.stats import examples_needed, sign_test_mid_p, smallest_shown_gain
+from opto.core.stats import examples_needed, sign_test_mid_p, sign_test_power, smallest_shown_gain
 from opto.executors.local import AsyncioExecutor
 from opto.integrations._options import budgeted_final_check
 from opto.trainer.final_check import Runner, check_final_values
@@ -66,11 +67,11 @@ def test_fresh_evidence_keeps_alpha(kind, noisy, evidence):
 
 
 def test_a_deterministic_check_reads_the_search_s_scores_and_runs_only_what_they_lack():
-    from opto._util.files import json_key
+    from opto.trainer.final_check import values_key
 
     start = {e["id"]: float(int(e["x"].split()[0]) < 10) for e in sums(24)}
     better = {e["id"]: float(int(e["x"].split()[0]) < 13) for e in sums(24)[:20]}  # 4 examples unmeasured
-    recorded = {json_key({"prompt": "start"}): start, json_key({"prompt": "better"}): better}
+    recorded = {values_key({"prompt": "start"}): start, values_key({"prompt": "better"}): better}
     agent = Reach()
     result, _, made = check(agent, compared=1, recorded=recorded)
     assert len(made) == 4 and len(agent.ran) == 4  # only the final values' 4 missing examples
@@ -96,7 +97,8 @@ def test_the_power_figures():
     assert smallest_shown_gain(24, 0.1) == pytest.approx(3 / 24)
     assert smallest_shown_gain(2, 0.1) is None  # two wins of two cannot pass
     assert examples_needed(0.05, 0.05) < examples_needed(0.05, 0.15) < examples_needed(0.03, 0.15)
-    assert examples_needed(0.1, 0.1) == 17
+    assert examples_needed(0.1, 0.1) == 42  # 3 wins are needed: 42 examples give them with chance 0.8
+    assert sign_test_power(42, 0.1, 0.1, 0.1) >= 0.8 > sign_test_power(41, 0.1, 0.1, 0.1)
     with pytest.raises(ValueError, match="gain <= changed"):
         examples_needed(0.2, 0.1)
 
@@ -106,7 +108,7 @@ def test_a_small_metric_budget_searches_and_says_when_it_cannot(caplog):
 
     from opto.integrations import gepa as bridge
 
-    assert budgeted_final_check(20) == FinalCheck(probe=0, keep_calls=False)
+    assert budgeted_final_check(20) == FinalCheck(probe=0, keep_calls=False, min_data=sys.maxsize)
     found = bridge.optimize(SEED, TRAIN, VAL, task_lm=task_lm, reflection_lm=reflection_lm, max_metric_calls=20)
     assert found.total_metric_calls <= 20 and "capital city" in found.best_candidate["system_prompt"]
     assert found.result.final_check.returned == "final" and found.result.final_check.evidence == "reused"
@@ -125,3 +127,13 @@ def test_the_check_takes_unseen_training_examples_when_a_budget_leaves_enough():
     assert found.kind == "unseen" and found.evidence == "held out" and found.examples == 4
     decided = set(trainer.checker.decided)
     assert decided and not decided & set(found.example_ids)
+
+
+def test_an_unseen_check_leaves_out_the_validation_set_when_it_is_the_training_set():
+    trainer = AggregatedUpdate(Adder(), Optimizer(brain(GOOD)), final_check=FinalCheck(rerun_size=4))
+    result = trainer.train(ExactMatchGuide(), sums(24), batch_size=4, num_epochs=1, progress=False,
+                           stop=MaxMetricCalls(30))  # fmt: skip
+    validation = {e.id for e in trainer.validation_examples()}
+    assert validation  # the small-data default races candidates on the training examples
+    found = result.final_check
+    assert found.kind == "repeated rollouts" and found.evidence == "reused"  # not "unseen": all were raced on

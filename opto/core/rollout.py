@@ -127,8 +127,9 @@ _COUNTERS: contextvars.ContextVar[tuple[RolloutCounter, ...]] = contextvars.Cont
 
 @contextlib.contextmanager
 def count_rollouts(limit: int | None = None) -> Iterator[RolloutCounter]:
-    """Count the rollouts run inside the block, failed and timed-out ones too (counters
-    nest); with `limit`, refuse those that would pass it (`RolloutCounter.admit`)."""
+    """Count the rollouts run inside the block, failed and timed-out ones too, not those a
+    stop cancelled (they have no result; counters nest); with `limit`, refuse those that
+    would pass it (`RolloutCounter.admit`)."""
     counter = RolloutCounter(limit)
     token = _COUNTERS.set((*_COUNTERS.get(), counter))
     try:
@@ -251,7 +252,7 @@ async def _run_one(
                 fields = timeout_fields(timeout, min_score)
     finally:
         close_records(records)
-        rollout_done()
+    rollout_done()  # a rollout with a result: one that a stop cancelled made none to record
     for budget in run_budgets():  # calls seen after the fact (OpenTelemetry spans) used it up
         if budget.overrun is not None:
             raise BudgetExceeded(budget.overrun)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from statistics import NormalDist
 
 import numpy as np
 from pydantic import BaseModel
@@ -36,6 +35,7 @@ __all__ = [
     "paired_change",
     "paired_test",
     "score_interval",
+    "sign_test_power",
     "smallest_shown_gain",
 ]
 
@@ -166,17 +166,52 @@ def smallest_shown_gain(examples: int, level: float) -> float | None:
 
 
 def examples_needed(gain: float, changed: float, level: float = 0.1, power: float = 0.8) -> int:
-    """Paired examples a one-sided sign test needs to show a true mean gain `gain` (a share:
-    0.05 is 5 points) with probability `power` at `level`, when a share `changed` of the
-    examples change outcome between the two values (wins and losses: `changed >= gain`; a
-    good start that gains a little while losing some has `changed` well above `gain`).
-    The normal approximation to the binomial, rounded up."""
+    """Paired examples a one-sided sign test (mid-p, as the final check) needs to show a
+    true mean gain `gain` (a share: 0.05 is 5 points) with probability `power` at `level`,
+    when a share `changed` of the examples change outcome between the two values (wins
+    and losses: `changed >= gain`; a good start that gains a little while losing some
+    has `changed` well above `gain`). Exact binomial power (`sign_test_power`); n is
+    found by growing and bisecting."""
     if not 0 < gain <= changed <= 1:
         raise OptoValueError(f"examples_needed needs 0 < gain <= changed <= 1, got gain={gain}, changed={changed}")
-    win_share = (changed + gain) / (2 * changed)  # of the changed examples, the share won
-    z_level, z_power = NormalDist().inv_cdf(1 - level), NormalDist().inv_cdf(power)
-    spread = 0.5 * z_level + z_power * math.sqrt(win_share * (1 - win_share))
-    return math.ceil(spread**2 / (changed * (win_share - 0.5) ** 2))
+    low, high = 0, 1
+    while sign_test_power(high, gain, changed, level) < power:  # grow, then bisect (the power wiggles a little)
+        low, high = high, max(high + 1, int(high * 1.25))
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if sign_test_power(middle, gain, changed, level) >= power else (middle, high)
+    return high
+
+
+def sign_test_power(n: int, gain: float, changed: float, level: float) -> float:
+    """The chance that the one-sided mid-p sign test on `n` paired examples passes at
+    `level` when each example is won with probability (changed + gain) / 2 and lost with
+    (changed - gain) / 2 (exact: the binomial count of changed examples, then of wins)."""
+    if n <= 0:
+        return 0.0
+    win_share = (changed + gain) / (2 * changed)
+    d = np.arange(n + 1)
+    log_comb = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in d])
+    with np.errstate(divide="ignore"):
+        log_changed = (
+            d * np.log(changed) + (n - d) * np.log1p(-changed) if changed < 1 else np.where(d == n, 0.0, -np.inf)
+        )
+    weights = np.exp(log_comb + log_changed)
+    total = 0.0
+    for discordant in range(1, n + 1):
+        if weights[discordant] < 1e-12:
+            continue
+        wins = np.arange(discordant + 1)
+        under_null = np.array([math.comb(discordant, w) for w in wins], dtype=float) / 2.0**discordant
+        above = np.concatenate([np.cumsum(under_null[::-1])[::-1][1:], [0.0]])  # P(W > w) under the null
+        passing = wins[above + 0.5 * under_null <= level]
+        if not len(passing):
+            continue
+        first = int(passing[0])
+        tail = sum(math.comb(discordant, w) * win_share**w * (1 - win_share) ** (discordant - w)
+                   for w in range(first, discordant + 1))  # fmt: skip
+        total += weights[discordant] * tail
+    return float(total)
 
 
 def _bootstrap_means(values: np.ndarray, seed: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,10 +38,10 @@ def budgeted_final_check(metric_calls: int) -> FinalCheck:
     too little: no probe, nothing kept, and the check reads what the search measured of
     the start and the final values (a deterministic metric gives the same scores again),
     held to the reused-evidence level."""
-    if metric_calls < SMALL_BUDGET:
-        return FinalCheck(probe=0, keep_calls=False)
+    if metric_calls < SMALL_BUDGET:  # nothing held out either: held-out examples would cost calls
+        return FinalCheck(probe=0, keep_calls=False, min_data=sys.maxsize)
     probe = max(2, min(12, metric_calls // 20))
-    return FinalCheck(probe=probe, rerun_size=max(4, metric_calls // 10))
+    return FinalCheck(probe=probe, rerun_size=max(4, metric_calls // 10), power_size=0)
 
 
 #: Why a tracking argument of GEPA's or DSPy's has no equivalent here.

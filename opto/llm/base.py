@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -27,7 +26,7 @@ from .usage import (
     budgets_for,
     charge_meters,
     cost_of,
-    estimate_tokens,
+    estimate_prompt_tokens,
     normalize_prices,
     sending,
     settle_all,
@@ -212,7 +211,9 @@ class Model(ABC):
         budgets = budgets_for(self.budget)  # the model's own and the run's (train(budget=...))
         reservations: list[tuple[int, float]] = []
         if budgets:
-            reservations = await areserve_all(budgets, prompt_estimate_of(messages, settings), self.price)
+            reservations = await areserve_all(
+                budgets, estimate_prompt_tokens(messages, settings.get("tools")), self.price
+            )
         marked = open_records(by_opto=True)  # any backend: an OpenTelemetry span opened inside is not counted again
         try:
             with sending(not self.reports_sending) as mark:
@@ -222,7 +223,7 @@ class Model(ABC):
             # paid all the same: counted, with its prompt's estimated tokens, so a budget
             # is never passed by calls it refunded. A refused or failed request is not.
             paid = mark.sent and isinstance(exc, (asyncio.CancelledError, LLMTimeoutError))
-            spent = TokenUsage(prompt_tokens=prompt_estimate_of(messages, settings)) if paid else None
+            spent = TokenUsage(prompt_tokens=estimate_prompt_tokens(messages, settings.get("tools"))) if paid else None
             settle_all(budgets, reservations, spent, self.price)  # not awaited: this may be a cancellation
             if spent is not None:
                 self._count(spent)
@@ -288,12 +289,6 @@ class Model(ABC):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._usage_lock = threading.Lock()
-
-
-def prompt_estimate_of(messages: list[Message], settings: dict[str, Any]) -> int:
-    """A request's prompt tokens, estimated before it is sent (its messages and tools)."""
-    found = sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
-    return found + estimate_tokens(json.dumps(settings.get("tools") or ""))
 
 
 def _tool_options(tools: Any, tool_choice: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from .retry import (
     retry_after_seconds,
 )
 from .types import Completion, Message, ToolCall, tool_calls_of
-from .usage import estimate_tokens, request_sent
+from .usage import estimate_prompt_tokens, estimate_tokens, request_refused, request_sent
 
 __all__ = ["Poster", "RemoteChatModel", "connect_failure", "public_url"]
 
@@ -224,7 +224,7 @@ class RemoteChatModel(Model):
     async def _request_with_retries(self, params: dict[str, Any]) -> Completion:
         client = self._posters.get() or await self._posters.start()
         limited = self._limits.limited
-        estimate = _prompt_estimate(params["messages"]) if limited else 0  # for the token limit
+        estimate = estimate_prompt_tokens(params["messages"]) if limited else 0  # for the token limit
         last_error: BaseException | None = None
         attempt = 0
         unreachable: str | None = None  # why the last attempt could not connect, if it could not
@@ -277,6 +277,7 @@ class RemoteChatModel(Model):
                         **_details_of(exc, self.name),
                     ) from _keyless(exc)
                 last_error, unreachable, unreachable_in_a_row = exc, None, 0  # the server answered
+                request_refused()  # an error status is not billed: a cancel while waiting to retry pays nothing
                 if exc.status_code == 429 and asyncio.get_running_loop().time() < patience_ends:
                     # Rate limited: wait as asked (with jitter), without using up a retry.
                     delay = retry_after_delay(retry_after_seconds(exc.response.headers), attempt)
@@ -402,7 +403,7 @@ class RemoteChatModel(Model):
         prompt_tokens = reported_tokens(usage.get("prompt_tokens"), field="prompt_tokens", source=source)
         completion = reported_tokens(usage.get("completion_tokens"), field="completion_tokens", source=source)
         if prompt_tokens is None:  # a count missing or invalid is estimated, so a reply cannot make a call free
-            prompt_tokens = _prompt_estimate(messages)
+            prompt_tokens = estimate_prompt_tokens(messages)
         if completion is None:
             completion = sum(map(estimate_tokens, texts))
         return Completion.__pydantic_validator__.validate_python(  # from a dict, the usage too: cheaper than keywords
@@ -434,10 +435,6 @@ def _shut_down(loop: BackgroundLoop, posters: PerLoop[Poster]) -> None:
         posters.close_on(loop.loop, timeout=10)
     posters.drop_all()
     loop.stop()
-
-
-def _prompt_estimate(messages: list[Message]) -> int:
-    return sum(estimate_tokens(str(m.get("content", ""))) for m in messages)
 
 
 def _weakly(method: Callable[[], Poster]) -> Callable[[], Poster]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,10 +25,16 @@ def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4) if text else 0
 
 
+def estimate_prompt_tokens(messages: list[Any], tools: Any = None) -> int:
+    """A request's prompt tokens, estimated before it is sent: its messages and tools."""
+    found = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+    return found + (estimate_tokens(json.dumps(tools)) if tools else 0)
+
+
 def estimated_usage(messages: list[Any], texts: list[str]) -> TokenUsage:
     """The usage of a call that reports none: its messages' and replies' tokens, estimated."""
-    prompt = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
-    return TokenUsage(prompt_tokens=prompt, completion_tokens=sum(estimate_tokens(t) for t in texts))
+    return TokenUsage(prompt_tokens=estimate_prompt_tokens(messages),
+                      completion_tokens=sum(estimate_tokens(t) for t in texts))  # fmt: skip
 
 
 class Price(BaseModel):
@@ -403,6 +410,14 @@ def sending(sent: bool) -> Iterator[Sending]:
         yield mark
     finally:
         _SENDING.reset(token)
+
+
+def request_refused() -> None:
+    """The server answered the request with an error (providers do not bill it): unless
+    a retry sends it again, the call is not paid."""
+    mark = _SENDING.get()
+    if mark is not None:
+        mark.sent = False
 
 
 def request_sent() -> None:

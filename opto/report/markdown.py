@@ -267,11 +267,12 @@ def _screening(decisions: dict[int, list[dict[str, Any]]]) -> tuple[int, int, in
 
 
 def ledger_rollouts(ledger: list[dict[str, Any]]) -> dict[str, int]:
-    """The agent's rollouts in the ledger by phase; a logged step's records (production's
-    runs, judged and not run again) and `opto.collect`'s samples are not a run's calls."""
+    """The rollouts in the ledger by phase, as the run counts them (a logged step's
+    records, judged and not run again, count as its rollouts; `opto.collect`'s samples
+    are not a training run's)."""
     phases: dict[str, int] = {}
     for record in ledger:
-        if record.get("type") == "rollout" and record.get("phase") not in ("logged", "collect"):
+        if record.get("type") == "rollout" and record.get("phase") != "collect":
             phases[record["phase"]] = phases.get(record["phase"], 0) + 1
     return phases
 
@@ -282,7 +283,7 @@ def _reconciliation(phases: dict[str, int], counted: int | None) -> list[str]:
     listed = ", ".join(f"{phase} {n}" for phase, n in phases.items())
     found = sum(phases.values())
     verdict = "they agree" if found == counted else f"{counted - found:+d} not in the ledger"
-    return [f"Rollouts paid for: {found} in the ledger ({listed or 'none'}), {counted} counted: {verdict}.", ""]
+    return [f"Rollouts: {found} in the ledger ({listed or 'none'}), {counted} counted: {verdict}.", ""]
 
 
 def _checkpoint(run: RunDir) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -124,6 +124,16 @@ class Validation:
         trainer writes them to the ledger: every paid rollout is on the record)."""
         return []
 
+    def take_cut_short(self) -> list[tuple[str, str, list[Rollout]]]:
+        """(phase, candidate id, rollouts) a stop cut short inside `decide` since this was
+        last asked: finished and paid, with no decision to carry them to the ledger."""
+        taken, self._cut = getattr(self, "_cut", []), []
+        return taken
+
+    def _note_cut(self, phase: str, candidate_id: str, rollouts: list[Rollout]) -> None:
+        if rollouts:
+            self._cut = [*getattr(self, "_cut", []), (phase, candidate_id, list(rollouts))]
+
     def across_candidates(self, decisions: list[Decision]) -> list[Decision]:
         """The step's decisions once all its candidates are judged: with `alpha` and several
         tested candidates, only the acceptances that survive Holm's correction."""
@@ -131,6 +141,7 @@ class Validation:
 
     alpha: float | None = None
     accept_ties: bool = False
+    _cut: list[tuple[str, str, list[Rollout]]]  # set by `_note_cut`: rollouts a stop left without a decision
 
     def compare(
         self,
@@ -357,7 +368,8 @@ class DatasetValidation(Validation):
         self.repeats = 1
 
     def take_current_rollouts(self) -> list[Rollout]:
-        taken, self._unrecorded = self._unrecorded, []
+        taken = list(self._unrecorded)
+        self._unrecorded.clear()  # in place: a measurement still running appends to this list
         return taken
 
     def set_noise(self, repeats: int) -> None:
@@ -377,13 +389,20 @@ class DatasetValidation(Validation):
             cached = self._current[key] = asyncio.ensure_future(self._more(ctx, cached))
         return cached
 
-    async def _run(self, ctx: ValidationContext, update: dict[Any, Any] | None) -> list[Rollout]:
-        rollouts = await ctx.executor.run(
-            ctx.agent, ctx.guide, self.examples, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+    async def _run(
+        self, ctx: ValidationContext, update: dict[Any, Any] | None, on_result: Callable[[Rollout], None] | None = None
+    ) -> list[Rollout]:
+        """The set under `update` (None: the current values, each of whose rollouts is kept
+        for the ledger as it finishes)."""
+        return await ctx.executor.run(
+            ctx.agent,
+            ctx.guide,
+            self.examples,
+            values=update,
+            min_score=ctx.min_score,
+            timeout=ctx.rollout_timeout,
+            on_result=self._unrecorded.append if update is None else on_result,
         )
-        if update is None:
-            self._unrecorded += rollouts
-        return rollouts
 
     async def _more(self, ctx: ValidationContext, earlier: asyncio.Future[list[Rollout]]) -> list[Rollout]:
         return [*await asyncio.shield(earlier), *await self._run(ctx, None)]
@@ -391,7 +410,12 @@ class DatasetValidation(Validation):
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
         cached = self._current_rollouts(ctx)
         if self.race is None:
-            rollouts = await self._run(ctx, update)
+            finished: list[Rollout] = []
+            try:
+                rollouts = await self._run(ctx, update, finished.append)
+            except BaseException:
+                self._note_cut("validation", candidate_id, finished)
+                raise
             current = _pooled(await asyncio.shield(cached))
             decision = self.compare(candidate_id, current, rollouts, ctx.improvement_threshold, ctx.quoted(update))
         else:
@@ -427,14 +451,20 @@ class DatasetValidation(Validation):
         done: list[Rollout] = []
         race = self.race or len(order)
         for start in range(0, len(order), race):
-            done += await ctx.executor.run(
-                ctx.agent,
-                ctx.guide,
-                order[start : start + race],
-                values=update,
-                min_score=ctx.min_score,
-                timeout=ctx.rollout_timeout,
-            )
+            finished: list[Rollout] = []
+            try:
+                done += await ctx.executor.run(
+                    ctx.agent,
+                    ctx.guide,
+                    order[start : start + race],
+                    values=update,
+                    min_score=ctx.min_score,
+                    timeout=ctx.rollout_timeout,
+                    on_result=finished.append,
+                )
+            except BaseException:
+                self._note_cut("validation", candidate_id, [*done, *finished])
+                raise
             lost = sum(_sign(current[r.example_id].score, r.score) for r in done if r.example_id not in quoted)
             if lost >= self.behind and len(done) < len(order):
                 before = [current[r.example_id] for r in done]
@@ -485,8 +515,24 @@ class MinibatchFirst(DatasetValidation):
         return batch_size * candidates + super().rollouts_per_step(batch_size, candidates)  # every one screened in
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
+        finished: list[Rollout] = []
+        try:
+            return await self._screened(ctx, candidate_id, update, finished)
+        except BaseException:
+            self._note_cut("screening", candidate_id, finished)  # a stop: the screen's rollouts stay on record
+            raise
+
+    async def _screened(
+        self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any], finished: list[Rollout]
+    ) -> Decision:
         screened = await ctx.executor.run(
-            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
+            ctx.agent,
+            ctx.guide,
+            ctx.batch,
+            values=update,
+            min_score=ctx.min_score,
+            timeout=ctx.rollout_timeout,
+            on_result=finished.append,
         )
         first = MinibatchValidation().compare(
             candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold, ctx.quoted(update)

@@ -10,6 +10,7 @@ selection and its pool, candidate sources, component selection) are objects from
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from collections.abc import Sequence
@@ -101,9 +102,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         holdout: the split `validation="auto"` holds out (`opto.search.HoldOut`: a quarter
             of the examples, at least 16, at most 200, drawn with the run's seed).
         final_check: how `train()` checks the values it returns against the start
-            (`opto.search.FinalCheck`: a quarter of the training data reserved before the
-            run, at least 16 examples, from 96 examples up; below that the agent run again
-            on the training and validation examples; a one-sided paired test at 0.1). Values not shown
+            (`opto.search.FinalCheck`: a quarter of the training data, or 120 examples where
+            that leaves the search as many, reserved before the run from 96 examples up;
+            below that the training and validation examples again, a deterministic agent's
+            own answers tested at 0.1 over the candidates compared; a one-sided paired test
+            at 0.1). Values not shown
             better are not returned: the run's best validated values if they are, else
             the start (`TrainResult.final_check`). None: return the search's values unchecked.
         improvement_threshold: a candidate must beat the current mean by more than this.
@@ -401,8 +404,18 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             guard=self._guard,
             search_score=self.search_score(),
             on_made=lambda found: self._record_check(found, ctx),
-            allowance=ctx.rollouts_left,
+            # A check that kept no calls runs only within what a metric-call limit leaves.
+            allowance=None if self.checker.settings.keep_calls else ctx.rollouts_left,
         )
+
+    def _record_cut_short(self, ctx: StepContext) -> None:
+        """The rollouts a stop left without a decision: the current values' measurements and
+        the candidates' finished screening and validation rollouts."""
+        for rollout in self.validation.take_current_rollouts():
+            ctx.emit(RolloutEvent(step=ctx.step, phase="current", **rollout.to_record()))
+        for phase, candidate_id, rollouts in self.validation.take_cut_short():
+            for rollout in rollouts:
+                ctx.emit(RolloutEvent(step=ctx.step, phase=phase, candidate_id=candidate_id, **rollout.to_record()))
 
     def _remember(self, values: dict[str, Any], rollouts: Sequence[Rollout]) -> None:
         """What the search measured of `values`, for a check of a deterministic agent."""
@@ -430,7 +443,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """The noise probe (its examples twice) and the final check's first look."""
         if self.checker is None:
             return 0
-        return 2 * min(self.checker.settings.probe, len(self._train_examples)) + self.reserved_calls()
+        return 2 * min(self.checker.settings.probe, len(self._train_examples)) + self.check_calls()
 
     def probe_rollouts(self) -> int:
         return self.checker.probe_rollouts() if self.checker is not None else 0
@@ -468,7 +481,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         for event in record.events:
             if event.type == "proposal" and event.proposer in learners:
                 pid = event.proposal_id
-                learners[event.proposer].observe(pid, told.get(pid), partial=stopped.get(pid))
+                learner = learners[event.proposer]
+                if _takes_partial(learner):
+                    learner.observe(pid, told.get(pid), partial=stopped.get(pid))
+                else:  # a proposer of the user's written before `partial`
+                    learner.observe(pid, told.get(pid))
 
     async def _rollouts_and_proposals(
         self,
@@ -676,9 +693,13 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             guard=guard or self._guard,
         )
         # Candidates are validated at once; their events are added in candidate order.
-        decisions = await gather_all(
-            self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update)) for c in candidates
-        )
+        try:
+            decisions = await gather_all(
+                self.validation.decide(vctx, c.candidate_id, self.to_param_dict(c.update)) for c in candidates
+            )
+        except BaseException:  # a stop: what the decisions had paid for stays on the record
+            self._record_cut_short(ctx)
+            raise
         decisions = self.validation.across_candidates(decisions)
         if self.checker is not None:
             self.checker.note_compared(sum(d.candidate_score is not None for d in decisions))
@@ -944,6 +965,12 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         if self._gate is None or self._gate[0] is not loop:
             self._gate = (loop, asyncio.Semaphore(self.concurrency))
         return self._gate[1]
+
+
+def _takes_partial(learner: Any) -> bool:
+    """Whether a learner's `observe` takes `partial` (the score where a candidate stopped)."""
+    parameters = inspect.signature(learner.observe).parameters
+    return "partial" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _check_proposers(optimizer: Proposer | Sequence[Proposer]) -> list[Proposer]:

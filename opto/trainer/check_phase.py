@@ -15,13 +15,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._util.files import json_key
 from ..core.data import Example
 from ..core.rollout import Rollout
 from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
 from ..search.final_check import FinalCheck
-from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
+from .final_check import NoiseProbe, Runner, check_final_values, probe_noise, values_key
 
 __all__ = ["CheckPhase"]
 
@@ -84,12 +83,14 @@ class CheckPhase:
         self.compared += measured
 
     def remember(self, values: dict[str, Any], rollouts: Sequence[Rollout]) -> None:
-        """Keep the scores the search measured of `values` (each example's first)."""
-        if not rollouts:
+        """Keep the scores the search measured of `values` (each example's first; a failed
+        rollout's is not an answer to read again). A noisy agent's are not kept: its check
+        draws afresh."""
+        if not rollouts or (self.noise is not None and self.noise.noisy):
             return
-        scores = self.recorded.setdefault(json_key(values), {})
+        scores = self.recorded.setdefault(values_key(values), {})
         for rollout in rollouts:
-            if rollout.score is not None:
+            if rollout.score is not None and not rollout.failed:
                 scores.setdefault(rollout.example_id, rollout.score)
 
     # The check ---------------------------------------------------------------------------
@@ -102,7 +103,8 @@ class CheckPhase:
         if self.reserved:
             return "held-out", self.reserved
         size = self.settings.rerun_size
-        unseen = [e for e in self.train if e.id not in self.decided]
+        raced = self.decided | {e.id for e in validation}  # the validation set may be the training set
+        unseen = [e for e in self.train if e.id not in raced]
         if size is not None and self.settings.keep_calls and len(unseen) >= size:
             return "unseen", self._sample(unseen, size, "opto-unseen")
         found = list({e.id: e for e in [*self.train, *validation]}.values())

@@ -9,6 +9,7 @@ agent or judge is noisy: the same values run twice on the same examples disagree
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
 from ..search.final_check import FinalCheck
 
-__all__ = ["NoiseProbe", "Runner", "check_final_values", "not_run", "probe_noise"]
+__all__ = ["NoiseProbe", "Runner", "check_final_values", "not_run", "probe_noise", "values_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,21 @@ class Runner(BaseModel):
     min_score: float | None = None
     timeout: float | None = None
 
-    async def run(self, examples: Sequence[Example], values: dict[str, Any] | None) -> list[Rollout]:
+    async def run(
+        self,
+        examples: Sequence[Example],
+        values: dict[str, Any] | None,
+        on_result: Callable[[Rollout], None] | None = None,
+    ) -> list[Rollout]:
         resolved = self.agent.resolve(values) if values else None
         return await self.executor.run(
-            self.agent, self.guide, list(examples), values=resolved, min_score=self.min_score, timeout=self.timeout
+            self.agent,
+            self.guide,
+            list(examples),
+            values=resolved,
+            min_score=self.min_score,
+            timeout=self.timeout,
+            on_result=on_result,
         )
 
 
@@ -69,6 +81,16 @@ async def probe_noise(runner: Runner, examples: Sequence[Example]) -> tuple[Nois
     first, second = rollouts[: len(examples)], rollouts[len(examples) :]
     disagreed = sum(a.score != b.score for a, b in zip(first, second))
     return NoiseProbe(examples=len(examples), disagreed=disagreed), rollouts
+
+
+#: Below this level a paired bootstrap's p (2,000 draws: never under 1/2,001) cannot
+#: pass; the check then decides on each example's sign of difference (the mid-p sign test).
+FINEST_BOOTSTRAP_LEVEL = 0.01
+
+
+def values_key(values: dict[str, Any]) -> str:
+    """A short, stable key of a set of values (a digest: checkpoints keep these keys)."""
+    return hashlib.sha256(json_key(values).encode()).hexdigest()[:16]
 
 
 def _per_example(rollouts: Sequence[Rollout]) -> dict[str, float]:
@@ -86,8 +108,9 @@ class _Measured:
 
     With `recorded` (a deterministic agent: {values key: {example id: score}} of what the
     search measured), a first look reads those scores and runs only the examples they
-    lack, at most `allowance` of them (what a metric-call limit leaves): running them
-    again would give the same answers at a price."""
+    lack: running them again would give the same answers at a price. With `allowance`
+    (what a metric-call limit leaves a check that kept no calls), no more rollouts than
+    that are run, and the test compares what both sides have."""
 
     def __init__(
         self,
@@ -104,7 +127,7 @@ class _Measured:
 
     async def scores(self, values: dict[str, Any], rounds: int) -> dict[str, float]:
         """Each example's mean score over `rounds` rounds of `values` (run as needed)."""
-        key = json_key(values)
+        key = values_key(values)
         if self.recorded is not None and rounds == 1:
             return await self._completed(key, values)
         have = len(self.rounds[key]) // max(1, len(self.examples))
@@ -118,19 +141,21 @@ class _Measured:
         found = {i: score for i, score in (self.recorded or {}).get(key, {}).items() if i in wanted}
         ran = _per_example(self.rounds[key])
         missing = [e for e in self.examples if e.id not in found and e.id not in ran]
-        if self.allowance is not None:
-            missing = missing[: self.allowance]
-            self.allowance -= len(missing)
         if missing:
             await self._run(missing, key, values)
         return {**found, **_per_example(self.rounds[key])}
 
     async def _run(self, examples: list[Example], key: str, values: dict[str, Any]) -> None:
-        found = await self.runner.run(examples, values)
+        if self.allowance is not None:
+            examples = examples[: self.allowance]
+            self.allowance -= len(examples)
+        if not examples:
+            return
+        # Each rollout on the record as it finishes: a budget may stop the rest of the batch.
+        report = self.on_made
+        found = await self.runner.run(examples, values, None if report is None else lambda one: report([one]))
         self.rounds[key] += found
         self.made += found
-        if self.on_made is not None:  # on the record at once: a budget may stop the next round
-            self.on_made(found)
 
 
 async def _compare(
@@ -148,7 +173,7 @@ async def _compare(
         if not keys:
             return {}, False, rounds
         test = paired_test([before[k] for k in keys], [after[k] for k in keys])
-        if test.test.startswith("exact sign test"):
+        if test.test.startswith("exact sign test") or each < FINEST_BOOTSTRAP_LEVEL:
             test = test.model_copy(update=_mid_p(before, after, keys))
         found = {
             "test": test.test,
@@ -191,8 +216,9 @@ async def check_final_values(
     gives the very answers the search picked the final values on, so the test is held
     to `alpha / compared`: the chance that the luckiest of that many candidates, none
     truly better, passes stays within `alpha`. Such a check reads the search's own scores
-    (`recorded`: {values key: {example id: score}}) and runs only the examples they lack,
-    at most `allowance` of them: the answers would be the same."""
+    (`recorded`: {values key: {example id: score}}) and runs only the examples they lack:
+    the answers would be the same. `allowance`: the most rollouts the check may run
+    (None: as many as it needs)."""
     candidates = [values for values in (final, fallback) if values is not None]
     excluded: dict[str, str] = {}
     if guard is not None:
@@ -210,7 +236,7 @@ async def check_final_values(
         )
     level, repeats = result.level or settings.alpha, result.repeats
     reuse = recorded if result.evidence == "reused" else None
-    measured = _Measured(runner, usable, on_made, reuse, allowance if reuse is not None else None)
+    measured = _Measured(runner, usable, on_made, reuse, allowance)
     for index, values in enumerate(candidates):
         found, shown, rounds = await _compare(measured, start, values, level if index == 0 else level / 2, repeats)
         if not found:

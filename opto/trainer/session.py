@@ -102,6 +102,7 @@ class Session:
     stopped: str | None = None
     failure: TooManyFailures | None = None
     _unfinished: StepContext | None = None
+    _checking: StepContext | None = None  # the final check's, while it runs
     _meter: UsageMeter | None = None
     _rollouts: RolloutCounter | None = None
 
@@ -196,7 +197,7 @@ class Session:
         anything: the run can then only end where it started."""
         need = self.trainer.rollouts_to_accept(self.loader.batch_size)
         if self.state.step == 0 and left < need:
-            kept = limit - self.prior_rollouts - left
+            kept = self.trainer.reserved_calls()
             logger.warning(
                 "MaxMetricCalls(%d) leaves the search %d metric calls%s, and accepting a first candidate takes at "
                 "least %d (the noise probe, a batch of %d, and validating a candidate that wins): this run can only "
@@ -215,12 +216,15 @@ class Session:
         state, trainer = self.state, self.trainer
         changed = trainer.finish()
         # The check's rollouts go to the ledger, also when a budget stops it (`close`).
-        check = self._unfinished = self.context(state.step, state.epoch)
+        if self._unfinished is not None and self.writer is not None:  # a step a metric-call limit cut short
+            self.writer.keep_unfinished(self._unfinished.step_record)
+        self._unfinished = None
+        check = self._checking = self.context(state.step, state.epoch)
         limit = metric_call_limit(self.options.stop)
         if limit is not None and self._rollouts is not None:
             check.rollouts_left = max(0, limit - self.prior_rollouts - self._rollouts.count)
         changed = await trainer._final_check_phase(state, check) or changed
-        self._unfinished = None
+        self._checking = None
         self.write_events(check)
         state.parameters = trainer.agent.stored_values()
         self._checkpoint()
@@ -250,7 +254,8 @@ class Session:
         self.bar.close()
         self.tally()
         if self.writer is not None:
-            save_on_exit(self.writer, self.state, self._unfinished.step_record if self._unfinished else None)
+            cut_short = self._unfinished or self._checking
+            save_on_exit(self.writer, self.state, cut_short.step_record if cut_short is not None else None)
 
     # A step ----------------------------------------------------------------------------
 

@@ -94,6 +94,24 @@ class ValidationContext(BaseModel):
         values = {**current, **{getattr(k, "name", k): v for k, v in update.items()}}
         return {**self.guard.quoted(current), **self.guard.quoted(values)}
 
+    async def run(
+        self,
+        examples: Sequence[Example],
+        update: dict[Any, Any] | None,
+        on_result: Callable[[Rollout], None] | None = None,
+    ) -> list[Rollout]:
+        """`examples` under the current values with `update` (None: as they are), on the
+        step's executor and settings; `on_result` sees each rollout as it finishes."""
+        return await self.executor.run(
+            self.agent,
+            self.guide,
+            examples,
+            values=update,
+            min_score=self.min_score,
+            timeout=self.rollout_timeout,
+            on_result=on_result,
+        )
+
 
 class Validation:
     """Base class: `decide` scores a candidate update against the current values."""
@@ -307,9 +325,12 @@ class MinibatchValidation(Validation):
         )
 
     async def decide(self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any]) -> Decision:
-        rollouts = await ctx.executor.run(
-            ctx.agent, ctx.guide, ctx.batch, values=update, min_score=ctx.min_score, timeout=ctx.rollout_timeout
-        )
+        finished: list[Rollout] = []
+        try:
+            rollouts = await ctx.run(ctx.batch, update, finished.append)
+        except BaseException:
+            self._note_cut("validation", candidate_id, finished)
+            raise
         return self.compare(candidate_id, ctx.current_rollouts, rollouts, ctx.improvement_threshold, ctx.quoted(update))
 
 
@@ -394,15 +415,7 @@ class DatasetValidation(Validation):
     ) -> list[Rollout]:
         """The set under `update` (None: the current values, each of whose rollouts is kept
         for the ledger as it finishes)."""
-        return await ctx.executor.run(
-            ctx.agent,
-            ctx.guide,
-            self.examples,
-            values=update,
-            min_score=ctx.min_score,
-            timeout=ctx.rollout_timeout,
-            on_result=self._unrecorded.append if update is None else on_result,
-        )
+        return await ctx.run(self.examples, update, self._unrecorded.append if update is None else on_result)
 
     async def _more(self, ctx: ValidationContext, earlier: asyncio.Future[list[Rollout]]) -> list[Rollout]:
         return [*await asyncio.shield(earlier), *await self._run(ctx, None)]
@@ -453,15 +466,7 @@ class DatasetValidation(Validation):
         for start in range(0, len(order), race):
             finished: list[Rollout] = []
             try:
-                done += await ctx.executor.run(
-                    ctx.agent,
-                    ctx.guide,
-                    order[start : start + race],
-                    values=update,
-                    min_score=ctx.min_score,
-                    timeout=ctx.rollout_timeout,
-                    on_result=finished.append,
-                )
+                done += await ctx.run(order[start : start + race], update, finished.append)
             except BaseException:
                 self._note_cut("validation", candidate_id, [*done, *finished])
                 raise
@@ -525,15 +530,7 @@ class MinibatchFirst(DatasetValidation):
     async def _screened(
         self, ctx: ValidationContext, candidate_id: str, update: dict[Any, Any], finished: list[Rollout]
     ) -> Decision:
-        screened = await ctx.executor.run(
-            ctx.agent,
-            ctx.guide,
-            ctx.batch,
-            values=update,
-            min_score=ctx.min_score,
-            timeout=ctx.rollout_timeout,
-            on_result=finished.append,
-        )
+        screened = await ctx.run(ctx.batch, update, finished.append)
         first = MinibatchValidation().compare(
             candidate_id, ctx.current_rollouts, screened, ctx.improvement_threshold, ctx.quoted(update)
         )  # the screen: any strict win goes on

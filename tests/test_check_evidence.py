@@ -137,3 +137,17 @@ def test_an_unseen_check_leaves_out_the_validation_set_when_it_is_the_training_s
     assert validation  # the small-data default races candidates on the training examples
     found = result.final_check
     assert found.kind == "repeated rollouts" and found.evidence == "reused"  # not "unseen": all were raced on
+
+
+def test_under_an_allowance_the_check_runs_what_the_other_side_can_be_compared_on():
+    from opto.trainer.final_check import values_key
+
+    def right(a: int, reach: int) -> float:
+        return float(a < reach)
+
+    start = {f"s{a}": right(a, 10) for a in range(10)}
+    better = {f"s{a}": right(a, 13) for a in [*range(10), *range(20, 24)]}
+    recorded = {values_key({"prompt": "start"}): start, values_key({"prompt": "better"}): better}
+    result, _, made = check(Reach(), compared=1, recorded=recorded, allowance=4)
+    assert [r.example_id for r in made] == ["s20", "s21", "s22", "s23"]  # the start where "better" has scores
+    assert result.p_value is not None  # compared on the examples both sides have

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -125,22 +125,29 @@ class _Measured:
         self.rounds: dict[str, list[Rollout]] = defaultdict(list)
         self.made: list[Rollout] = []
 
-    async def scores(self, values: dict[str, Any], rounds: int) -> dict[str, float]:
-        """Each example's mean score over `rounds` rounds of `values` (run as needed)."""
+    async def scores(self, values: dict[str, Any], rounds: int, partner: Collection[str] = ()) -> dict[str, float]:
+        """Each example's mean score over `rounds` rounds of `values` (run as needed; under
+        an allowance, the examples in `partner`, those the other side has, first)."""
         key = values_key(values)
         if self.recorded is not None and rounds == 1:
-            return await self._completed(key, values)
+            return await self._completed(key, values, partner)
         have = len(self.rounds[key]) // max(1, len(self.examples))
         if rounds > have:
             await self._run([e for _ in range(rounds - have) for e in self.examples], key, values)
         return _per_example(self.rounds[key])
 
-    async def _completed(self, key: str, values: dict[str, Any]) -> dict[str, float]:
-        """The search's scores of `values` on the check's examples, the missing ones run."""
+    def known(self, values: dict[str, Any]) -> set[str]:
+        """The examples whose scores of `values` the search recorded."""
+        return set((self.recorded or {}).get(values_key(values), {}))
+
+    async def _completed(self, key: str, values: dict[str, Any], partner: Collection[str]) -> dict[str, float]:
+        """The search's scores of `values` on the check's examples, the missing ones run
+        (those the other side has first: a score only one side has compares nothing)."""
         wanted = {e.id for e in self.examples}
         found = {i: score for i, score in (self.recorded or {}).get(key, {}).items() if i in wanted}
         ran = _per_example(self.rounds[key])
         missing = [e for e in self.examples if e.id not in found and e.id not in ran]
+        missing.sort(key=lambda e: e.id not in partner)  # stable: the examples' order otherwise
         if missing:
             await self._run(missing, key, values)
         return {**found, **_per_example(self.rounds[key])}
@@ -168,7 +175,8 @@ async def _compare(
     each = level / len(looks)
     found: dict[str, Any] = {}
     for rounds in looks:
-        before, after = await measured.scores(start, rounds), await measured.scores(values, rounds)
+        before = await measured.scores(start, rounds, measured.known(values))
+        after = await measured.scores(values, rounds, before)
         keys = [k for k in before if k in after]
         if not keys:
             return {}, False, rounds

@@ -195,3 +195,44 @@ def test_the_same_cycle_from_an_otlp_export_publishes_to_the_registry(server: st
                              expected="expected_answer")  # fmt: skip
     assert cycle.improved and "published version 2" in cycle.published and cycle.checked_on == 3
     assert mlflow.genai.load_prompt(uri, cache_ttl_seconds=0).template == RULE
+
+
+def _published(tmp_path: Path) -> tuple[Capitals, Any]:
+    """A run from version 1 of a new prompt whose check passed, not published yet."""
+    records = read_traces(traced_production(list(CAPITALS)[:12])).records
+    older, newest = split_newest(records, 0.25)
+    agent = Capitals()
+    agent.prompt = registry_prompt(registered(START), name="prompt")
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
+    result = trainer.train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
+                           logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    assert result.final_check is not None and result.final_check.returned == "final"
+    return agent, result
+
+
+def test_a_publish_after_the_alias_moved_changes_nothing(server: str, tmp_path: Path) -> None:
+    agent, result = _published(tmp_path)
+    name, client = agent.prompt.prompt_name, mlflow.MlflowClient()
+    hotfix = mlflow.genai.register_prompt(name=name, template="Answer with the capital.").version  # v2, put live
+    client.set_prompt_alias(name, "production", hotfix)
+    refused = publish(result, agent.prompt)
+    assert not refused.promoted and refused.registered is None and refused.aliases == {"production": 2}
+    assert "moved from version 1" in refused.reason and "to version 2" in refused.reason
+    assert len(list(client.search_prompt_versions(name))) == 2  # nothing registered
+    assert client.get_prompt_version_by_alias(name, "production").version == 2  # the hotfix still served
+
+
+def test_a_rollback_after_a_hand_move_or_with_a_typo_changes_nothing(server: str, tmp_path: Path) -> None:
+    agent, result = _published(tmp_path)
+    name, client = agent.prompt.prompt_name, mlflow.MlflowClient()
+    assert publish(result, agent.prompt).aliases == {"production": 2, "previous": 1}
+    with pytest.raises(OptoValueError, match="has no alias 'prodution'") as typo:
+        rollback(f"prompts:/{name}@prodution")
+    assert "production" in str(typo.value) and "nothing was moved" in str(typo.value)
+    by_hand = mlflow.genai.register_prompt(name=name, template="Answer with the capital, please.").version  # v3
+    client.set_prompt_alias(name, "production", by_hand)
+    with pytest.raises(OptoValueError, match="opto did not publish") as refused:
+        rollback(agent.prompt)
+    assert "skip what came between" in str(refused.value)
+    live = {alias: client.get_prompt_version_by_alias(name, alias).version for alias in ("production", "previous")}
+    assert live == {"production": 3, "previous": 1}  # untouched

@@ -13,8 +13,12 @@ optimized, checked, published under an alias, and rolled back.
   the alias to it only when the final check passed; the version it replaces keeps a
   second alias (`previous`). A value identical to the current version is never
   registered; a publish that stopped halfway can be run again: the version it
-  registered is found by its tags and reused, and the aliases move last.
-- `rollback(prompt)`: moves the alias back to the `previous` version.
+  registered is found by its tags and reused, and the aliases move last. It refuses,
+  changing nothing, when the alias moved away from the version the run started from
+  while it trained (a hotfix would stop being served).
+- `rollback(prompt)`: moves the alias back to the `previous` version, only when the live
+  version is the one opto published over it (a version put live by hand, or an alias
+  that does not exist, changes nothing and says why).
 
 `mlflow` is imported when these are called: `pip install "opto-agents[mlflow]"` for
 traces, and MLflow's full package with a tracking server for the prompt registry.
@@ -39,6 +43,7 @@ __all__ = ["Publication", "RegistryPrompt", "publish", "read_traces", "registry_
 
 #: The tag a published version carries: which run's value it is (a publish run again finds it).
 RUN_TAG = "opto.run"
+FROM_TAG = "opto.from_version"  # the version a published one replaced: where rollback may go back to
 
 
 def _mlflow() -> Any:
@@ -230,6 +235,15 @@ def publish(
             aliases={prompt.alias: int(current.version)},
             reason="the run's value is the current version: nothing to register",
         )
+    if int(current.version) != prompt.version:  # moved while the run trained: publishing would drop that change
+        return Publication(
+            aliases={prompt.alias: int(current.version)},
+            reason=(
+                f"not published: {prompt.alias!r} moved from version {prompt.version}, which the run started from, "
+                f"to version {current.version} while it ran (a hotfix?); publishing would stop serving that change. "
+                f"Train again from version {current.version}"
+            ),
+        )
     if not passed and unchecked == "refuse":
         return Publication(
             aliases={prompt.alias: int(current.version)}, reason=f"not published: the final check did not pass ({why})"
@@ -246,7 +260,7 @@ def publish(
                 tags={
                     RUN_TAG: run,
                     "opto.run_dir": str(result.run_dir or ""),
-                    "opto.from_version": str(current.version),
+                    FROM_TAG: str(current.version),
                     "opto.check": why[:4000],
                 },  # fmt: skip
             )
@@ -276,11 +290,36 @@ def rollback(prompt: RegistryPrompt | str, *, previous: str = "previous") -> Pub
         name, alias = prompt.prompt_name, prompt.alias
     client = _client()
     try:
-        back = client.get_prompt_version_by_alias(name, previous)
+        live = client.get_prompt_version_by_alias(name, alias)
     except Exception as exc:  # MLflow raises its own error for an alias that does not exist
+        raise OptoValueError(
+            f"the prompt {name!r} has no alias {alias!r} (its aliases: {', '.join(_aliases(client, name)) or 'none'}):"
+            " nothing was moved"
+        ) from exc
+    try:
+        back = client.get_prompt_version_by_alias(name, previous)
+    except Exception as exc:
         raise OptoValueError(f"the prompt {name!r} has no {previous!r} alias to roll back to: {exc}") from exc
+    replaced = (live.tags or {}).get(FROM_TAG)
+    if replaced != str(back.version):  # the live version is not the one publish put over `previous`
+        raise OptoValueError(
+            f"not rolled back: {alias!r} is at version {live.version}, which "
+            + ("opto did not publish" if replaced is None else f"opto published over version {replaced}")
+            + f" (moved there by hand or by another tool), so {previous!r} (version {back.version}) is not the version "
+            f"it replaced and going back to it would skip what came between; nothing was moved. Set the alias "
+            f"yourself: MlflowClient().set_prompt_alias({name!r}, {alias!r}, VERSION)"
+        )
     client.set_prompt_alias(name, alias, int(back.version))
     return Publication(aliases={alias: int(back.version)}, reason=f"{alias!r} points again at version {back.version}")
+
+
+def _aliases(client: Any, name: str) -> list[str]:
+    """Every alias of the prompt's versions (for a message)."""
+    try:
+        versions = [client.get_prompt_version(name, v.version) for v in client.search_prompt_versions(name)]
+        return sorted({alias for version in versions for alias in version.aliases or []})
+    except Exception:  # only for a message: say nothing rather than fail
+        return []
 
 
 def _run_key(result: TrainResult, text: str) -> str:

@@ -644,6 +644,13 @@ def _add_production_parser(commands: Any) -> None:
     cycle = commands.add_parser(
         "production",
         help="learn from production: read traces and feedback, train, check on the newest, publish or refuse",
+        description="Learn from production: read traces and feedback, train, check on the newest, publish or refuse.",
+        epilog=(
+            "exit codes: 0 a better prompt was published (or would be, with --dry-run); 3 the cycle could not "
+            "improve with evidence (nothing published: the check did not pass, nothing to train on, or the alias "
+            "moved while it trained); 1 an error (its message says what to fix). --agent MODULE:FACTORY is "
+            "imported from the current folder first, as `python -m` does."
+        ),
     )
     cycle.add_argument("--agent", required=True, help="MODULE:FACTORY, a function returning your opto Agent")
     cycle.add_argument("--prompt", required=True, help="the registry prompt, prompts:/NAME@ALIAS (MLflow)")
@@ -666,6 +673,9 @@ def _production(args: argparse.Namespace) -> int:
     """Exit 0 when a better prompt was published (or would be, in a dry run), 3 when the
     cycle could not improve with evidence."""
     from .integrations.production import load_agent, production_cycle
+
+    if os.getcwd() not in sys.path:  # --agent my_app.agent:make_agent from the folder that holds my_app/
+        sys.path.insert(0, os.getcwd())
 
     def model(name: str) -> Any:
         if args.base_url:

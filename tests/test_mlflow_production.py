@@ -141,8 +141,11 @@ def test_the_periodic_job_is_one_command_that_says_what_it_did(
     from opto.cli import main
     from opto.testing import FakeOpenAIServer
 
+    import sys
+
     (tmp_path / "prod_agent.py").write_text(AGENT.format(capitals=CAPITALS))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the agent's module is found from the current folder, as `python -m` finds it
+    monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
     experiment = traced_production(list(CAPITALS)[:12])
     uri = registered(START)
@@ -236,3 +239,12 @@ def test_a_rollback_after_a_hand_move_or_with_a_typo_changes_nothing(server: str
     assert "skip what came between" in str(refused.value)
     live = {alias: client.get_prompt_version_by_alias(name, alias).version for alias in ("production", "previous")}
     assert live == {"production": 3, "previous": 1}  # untouched
+
+
+def test_the_production_command_s_help_gives_its_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    from opto.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["production", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 a better prompt was published" in said and "3 the cycle could not improve" in said

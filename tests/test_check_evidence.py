@@ -7,8 +7,8 @@ again). It says the smallest gain it could have shown; small budgets still searc
 from __future__ import annotations
 
 import asyncio
-import sys
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -67,11 +67,11 @@ def test_fresh_evidence_keeps_alpha(kind, noisy, evidence):
 
 
 def test_a_deterministic_check_reads_the_search_s_scores_and_runs_only_what_they_lack():
-    from opto.trainer.final_check import values_key
+    from opto.core.rollout import digest_of
 
     start = {e["id"]: float(int(e["x"].split()[0]) < 10) for e in sums(24)}
     better = {e["id"]: float(int(e["x"].split()[0]) < 13) for e in sums(24)[:20]}  # 4 examples unmeasured
-    recorded = {values_key({"prompt": "start"}): start, values_key({"prompt": "better"}): better}
+    recorded = {digest_of({"prompt": "start"}): start, digest_of({"prompt": "better"}): better}
     agent = Reach()
     result, _, made = check(agent, compared=1, recorded=recorded)
     assert len(made) == 4 and len(agent.ran) == 4  # only the final values' 4 missing examples
@@ -140,14 +140,14 @@ def test_an_unseen_check_leaves_out_the_validation_set_when_it_is_the_training_s
 
 
 def test_under_an_allowance_the_check_runs_what_the_other_side_can_be_compared_on():
-    from opto.trainer.final_check import values_key
+    from opto.core.rollout import digest_of
 
     def right(a: int, reach: int) -> float:
         return float(a < reach)
 
     start = {f"s{a}": right(a, 10) for a in range(10)}
     better = {f"s{a}": right(a, 13) for a in [*range(10), *range(20, 24)]}
-    recorded = {values_key({"prompt": "start"}): start, values_key({"prompt": "better"}): better}
+    recorded = {digest_of({"prompt": "start"}): start, digest_of({"prompt": "better"}): better}
     result, _, made = check(Reach(), compared=1, recorded=recorded, allowance=4)
     assert [r.example_id for r in made] == ["s20", "s21", "s22", "s23"]  # the start where "better" has scores
     assert result.p_value is not None  # compared on the examples both sides have

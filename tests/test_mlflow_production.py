@@ -36,6 +36,19 @@ def optimizer_reply(messages: list[dict[str, Any]]) -> str:
     return json.dumps({"reasoning": "the users asked for the city", "suggestion": {"prompt": update}})
 
 
+def _published(tmp_path: Path) -> tuple[Capitals, Any]:
+    """A run from version 1 of a new prompt whose check passed, not published yet."""
+    records = read_traces(traced_production(list(CAPITALS)[:12])).records
+    older, newest = split_newest(records, 0.25)
+    agent = Capitals()
+    agent.prompt = registry_prompt(registered(START), name="prompt")
+    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
+    result = trainer.train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
+                           logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    assert result.final_check is not None and result.final_check.returned == "final"
+    return agent, result
+
+
 def test_traces_and_their_assessments_become_records(server: str) -> None:
     found = read_traces(traced_production(["France", "Peru"]), rating_scale=(1, 5))
     assert found.without_feedback == 1 and [r.x for r in found.records] == [question("France"), question("Peru")]
@@ -46,15 +59,7 @@ def test_traces_and_their_assessments_become_records(server: str) -> None:
 
 
 def test_read_optimize_check_publish_and_roll_back(server: str, tmp_path: Path) -> None:
-    records = read_traces(traced_production(list(CAPITALS)[:12])).records
-    older, newest = split_newest(records, 0.25)  # the newest traces: the check's, never the search's
-    agent = Capitals()
-    agent.prompt = registry_prompt(registered(START), name="prompt")
-    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
-    result = trainer.train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
-                           logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
-    assert result.final_check is not None and result.final_check.returned == "final"
-
+    agent, result = _published(tmp_path)  # the newest traces: the check's, never the search's
     done = publish(result, agent.prompt, message="asks for the capital")
     assert done.promoted and done.aliases == {"production": 2, "previous": 1}
     served = mlflow.genai.load_prompt(f"prompts:/{agent.prompt.prompt_name}@production", cache_ttl_seconds=0)
@@ -83,13 +88,7 @@ def test_a_run_whose_check_fails_is_not_promoted(server: str) -> None:
 
 
 def test_a_publish_stopped_halfway_runs_again_without_a_second_version(server: str, monkeypatch, tmp_path) -> None:
-    records = read_traces(traced_production(list(CAPITALS)[:12])).records
-    older, newest = split_newest(records, 0.25)
-    agent = Capitals()
-    agent.prompt = registry_prompt(registered(START), name="prompt")
-    result = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest)
-                              ).train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
-                                      logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
+    agent, result = _published(tmp_path)
     client = mlflow.MlflowClient()
     real = client.set_prompt_alias
 
@@ -198,19 +197,6 @@ def test_the_same_cycle_from_an_otlp_export_publishes_to_the_registry(server: st
                              expected="expected_answer")  # fmt: skip
     assert cycle.improved and "published version 2" in cycle.published and cycle.checked_on == 3
     assert mlflow.genai.load_prompt(uri, cache_ttl_seconds=0).template == RULE
-
-
-def _published(tmp_path: Path) -> tuple[Capitals, Any]:
-    """A run from version 1 of a new prompt whose check passed, not published yet."""
-    records = read_traces(traced_production(list(CAPITALS)[:12])).records
-    older, newest = split_newest(records, 0.25)
-    agent = Capitals()
-    agent.prompt = registry_prompt(registered(START), name="prompt")
-    trainer = AggregatedUpdate(agent, Optimizer(ScriptedModel(optimizer_reply)), final_check=FinalCheck(examples=newest))
-    result = trainer.train(ExactMatchGuide(), [(question(c), CAPITALS[c]) for c in list(CAPITALS)[12:]],
-                           logged=older, run_dir=tmp_path / "run", progress=False)  # fmt: skip
-    assert result.final_check is not None and result.final_check.returned == "final"
-    return agent, result
 
 
 def test_a_publish_after_the_alias_moved_changes_nothing(server: str, tmp_path: Path) -> None:

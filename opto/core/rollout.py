@@ -8,7 +8,7 @@ import contextvars
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "RolloutFields",
     "admit_rollouts",
     "count_rollouts",
+    "digest_of",
     "uncounted",
     "mean_score",
     "run_rollout",
@@ -274,8 +275,13 @@ def timeout_fields(timeout: float | None, min_score: float | None) -> dict[str, 
 
 def values_digest(agent: Agent) -> str:
     """A short digest of the trainable values `agent` sees now (assignments included)."""
-    values = {p.name: p.current_value() for p in agent.parameters(trainable_only=True)}
-    return hashlib.sha256(json_key(values).encode()).hexdigest()[:12]
+    return digest_of({p.name: p.current_value() for p in agent.parameters(trainable_only=True)})
+
+
+def digest_of(values: Mapping[Any, Any]) -> str:
+    """The digest of trainable `values` ({name: value}), as a rollout run under them
+    records it (`Rollout.values_hash`)."""
+    return hashlib.sha256(json_key(dict(values)).encode()).hexdigest()[:12]
 
 
 class _BatchDigest:

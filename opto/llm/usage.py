@@ -415,17 +415,19 @@ def sending(sent: bool) -> Iterator[Sending]:
 def request_refused() -> None:
     """The server answered the request with an error (providers do not bill it): unless
     a retry sends it again, the call is not paid."""
-    mark = _SENDING.get()
-    if mark is not None:
-        mark.sent = False
+    _mark_sent(False)
 
 
 def request_sent() -> None:
     """A backend's request is about to go out: from now on the call is paid, whether or
     not its reply is awaited (a cancelled or timed-out call is not refunded)."""
+    _mark_sent(True)
+
+
+def _mark_sent(sent: bool) -> None:
     mark = _SENDING.get()
     if mark is not None:
-        mark.sent = True
+        mark.sent = sent
 
 
 def charge_meters(model: str, usage: TokenUsage | None, cost: float) -> None:

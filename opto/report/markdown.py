@@ -125,12 +125,24 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> ReportSu
     diagnosis = _diagnosis(decisions, len(steps), accepted, sum(1 for m in steps if m.get("accepted") is None))
     checked = FinalCheckResult.model_validate(checkpoint["final_check"]) if checkpoint.get("final_check") else None
     final_check = checked.summary() if checked is not None else None
+    phases, counted = ledger_rollouts(ledger), checkpoint.get("rollouts")
     atomic_write_text(
         markdown,
-        _markdown(run.path, steps, tests, decisions, checkpoint, ledger, intervals, screened, diagnosis, final_check),
+        _markdown(
+            run.path,
+            steps,
+            tests,
+            decisions,
+            checkpoint,
+            ledger,
+            intervals,
+            screened,
+            diagnosis,
+            final_check,
+            _reconciliation(phases, counted),
+        ),  # fmt: skip
     )
     pool = [r for r in ledger if r.get("type") == "pool"]
-    phases, counted = ledger_rollouts(ledger), checkpoint.get("rollouts")
     lineage = _lineage(target / "lineage.png", pool, decisions) if pool and not skipped else None
     costed = [e for e in pool if (e.get("costs") or {}).get("cost") is not None] if not skipped else []
     if costed:
@@ -404,6 +416,7 @@ def _markdown(
     screening: tuple[int, int, int],
     diagnosis: str | None = None,
     final_check: str | None = None,
+    reconciliation: list[str] | None = None,
 ) -> str:
     lines = [f"# Run report: {path}", ""]
     state = "finished" if checkpoint.get("finished") else "not finished (stopped or still running)"
@@ -429,7 +442,7 @@ def _markdown(
     if diagnosis:
         lines += [f"**Why:** {diagnosis}", ""]
     lines += _estimate_table(path, checkpoint)
-    lines += _reconciliation(ledger_rollouts(ledger), checkpoint.get("rollouts"))
+    lines += reconciliation or []
     screened, out, saved = screening
     if screened:
         lines += [

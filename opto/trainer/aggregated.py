@@ -376,7 +376,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """Before the first step: the check's noise probe, on the record; a noisy agent's
         candidates that win are measured again (`Validation.set_noise`)."""
         assert self.checker is not None
-        for rollout in await self.checker.probe(self._runner(ctx), self.agent.stored_values()):
+        for rollout in await self.checker.probe(self._runner(ctx)):
             ctx.emit(RolloutEvent(step=ctx.step, phase="probe", **rollout.to_record()))
         self._tell_noise()
 
@@ -417,10 +417,11 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             for rollout in rollouts:
                 ctx.emit(RolloutEvent(step=ctx.step, phase=phase, candidate_id=candidate_id, **rollout.to_record()))
 
-    def _remember(self, values: dict[str, Any], rollouts: Sequence[Rollout]) -> None:
-        """What the search measured of `values`, for a check of a deterministic agent."""
+    def _remember(self, rollouts: Sequence[Rollout]) -> None:
+        """What the search measured of the values it moved through, for a check of a
+        deterministic agent."""
         if self.checker is not None:
-            self.checker.remember(values, rollouts)
+            self.checker.remember(rollouts)
 
     @staticmethod
     def _record_check(rollouts: list[Rollout], ctx: StepContext) -> None:
@@ -443,7 +444,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         """The noise probe (its examples twice) and the final check's first look."""
         if self.checker is None:
             return 0
-        return 2 * min(self.checker.settings.probe, len(self._train_examples)) + self.check_calls()
+        return self.checker.probe_rollouts(made_too=True) + self.check_calls()
 
     def probe_rollouts(self) -> int:
         return self.checker.probe_rollouts() if self.checker is not None else 0
@@ -549,7 +550,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         for rollout in rollouts:
             ctx.emit(RolloutEvent(step=ctx.step, phase=phase, **rollout.to_record()))
         if phase == "train":
-            self._remember(self.agent.stored_values(), rollouts)
+            self._remember(rollouts)
         ctx.failure_log.note(rollouts, f"step {ctx.step}")
         check_failures(rollouts, ctx.max_failures, f"step {ctx.step}")
 
@@ -648,9 +649,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             record.accepted, record.candidate_score, record.note = False, best.candidate_score, best.reason
             return record
         decision, winner = max(accepted, key=lambda pair: by_score(pair[0]))
-        self._remember(
-            {**self.agent.stored_values(), **winner.update}, [*decision.screening_rollouts, *decision.rollouts]
-        )
+        self._remember([*decision.screening_rollouts, *decision.rollouts])
         self.agent.apply(winner.update)
         self._incumbent_score = decision.candidate_score
         ctx.emit(AppliedEvent(step=ctx.step, candidate_id=winner.candidate_id, update=winner.update))
@@ -706,7 +705,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
         current = self.validation.take_current_rollouts()
         for rollout in current:
             ctx.emit(RolloutEvent(step=ctx.step, phase="current", **rollout.to_record()))
-        self._remember(self.agent.stored_values(), current)
+        self._remember(current)
         for candidate, decision in zip(candidates, decisions):
             self._note_reads(decision.rollouts)
             for rollout in decision.screening_rollouts:
@@ -905,7 +904,7 @@ class AggregatedUpdate(TraceCompatible, Minibatch):
             ctx.emit(PoolEvent(step=ctx.step, **parent.model_dump(mode="json"), pool_mean=parent.mean))
         for candidate, decision in zip(candidates, decisions):
             if decision in validated:
-                self._remember({**self.agent.stored_values(), **candidate.update}, decision.rollouts)
+                self._remember(decision.rollouts)
                 entry = self.pool.add(
                     candidate.candidate_id,
                     {**current, **candidate.update},

@@ -20,7 +20,7 @@ from ..core.rollout import Rollout
 from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
 from ..search.final_check import FinalCheck
-from .final_check import NoiseProbe, Runner, check_final_values, probe_noise, values_key
+from .final_check import NoiseProbe, Runner, check_final_values, probe_noise
 
 __all__ = ["CheckPhase"]
 
@@ -44,7 +44,7 @@ class CheckPhase:
         self.noise: NoiseProbe | None = None
         self.compared = 0  # candidates measured on the run's examples: the check's selection count
         self.decided: set[str | None] = set()  # training examples a step proposed from or screened on
-        # What the search measured of the values it moved through ({values key: {example id: score}}):
+        # What the search measured of the values it moved through ({values digest: {example id: score}}):
         # a check of a deterministic agent reads them instead of paying for the same answers again.
         self.recorded: dict[str, dict[str, float]] = {}
 
@@ -54,7 +54,7 @@ class CheckPhase:
     def probed(self) -> bool:
         return self.noise is not None
 
-    async def probe(self, runner: Runner, values: dict[str, Any]) -> list[Rollout]:
+    async def probe(self, runner: Runner) -> list[Rollout]:
         """Run the starting `values` twice on a few training examples: any disagreement means
         a noisy agent or judge, which decisions and the check meet with repeated rollouts."""
         size = min(self.settings.probe, len(self.train))
@@ -69,7 +69,7 @@ class CheckPhase:
                 self.settings.repeats,
             )
         else:
-            self.remember(values, rollouts)
+            self.remember(rollouts)
         return rollouts
 
     # During the search -------------------------------------------------------------------
@@ -82,16 +82,15 @@ class CheckPhase:
         """`measured` more candidates were scored on the run's examples."""
         self.compared += measured
 
-    def remember(self, values: dict[str, Any], rollouts: Sequence[Rollout]) -> None:
-        """Keep the scores the search measured of `values` (each example's first; a failed
-        rollout's is not an answer to read again). A noisy agent's are not kept: its check
-        draws afresh."""
-        if not rollouts or (self.noise is not None and self.noise.noisy):
+    def remember(self, rollouts: Sequence[Rollout]) -> None:
+        """Keep the scores the search measured, under the values each rollout ran with
+        (its `values_hash`; each example's first; a failed rollout's is not an answer to
+        read again). A noisy agent's are not kept: its check draws afresh."""
+        if self.noise is not None and self.noise.noisy:
             return
-        scores = self.recorded.setdefault(values_key(values), {})
         for rollout in rollouts:
-            if rollout.score is not None and not rollout.failed:
-                scores.setdefault(rollout.example_id, rollout.score)
+            if rollout.score is not None and not rollout.failed and rollout.values_hash is not None:
+                self.recorded.setdefault(rollout.values_hash, {}).setdefault(rollout.example_id, rollout.score)
 
     # The check ---------------------------------------------------------------------------
 
@@ -151,9 +150,10 @@ class CheckPhase:
 
     # What it costs -----------------------------------------------------------------------
 
-    def probe_rollouts(self) -> int:
-        """The noise probe's rollouts (its examples twice) when it is still to be run."""
-        return 0 if self.probed else 2 * min(self.settings.probe, len(self.train))
+    def probe_rollouts(self, made_too: bool = False) -> int:
+        """The noise probe's rollouts (its examples twice) when it is still to be run
+        (`made_too`: also when it was)."""
+        return 0 if self.probed and not made_too else 2 * min(self.settings.probe, len(self.train))
 
     def calls(self, validation: Sequence[Example], most: bool = False) -> int:
         """The check's first look: the start and the final values once on each of its

@@ -9,7 +9,6 @@ agent or judge is noisy: the same values run twice on the same examples disagree
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -17,18 +16,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .._util.files import json_key
 from ..core.agent import Agent
 from ..core.data import Example
 from ..core.guides import Guide
-from ..core.rollout import Rollout
+from ..core.rollout import Rollout, digest_of
 from ..core.stats import paired_test, sign_test_mid_p, smallest_shown_gain
 from ..executors.local import RolloutExecutor
 from ..run.results import FinalCheckResult
 from ..search.copies import CopyGuard
 from ..search.final_check import FinalCheck
 
-__all__ = ["NoiseProbe", "Runner", "check_final_values", "not_run", "probe_noise", "values_key"]
+__all__ = ["NoiseProbe", "Runner", "check_final_values", "not_run", "probe_noise"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +52,12 @@ class Runner(BaseModel):
     executor: RolloutExecutor
     min_score: float | None = None
     timeout: float | None = None
+
+    def digest(self, values: dict[str, Any]) -> str:
+        """The digest a rollout under `values` records (`Rollout.values_hash`): the
+        trainable ones."""
+        trainable = {p.name for p in self.agent.parameters(trainable_only=True)}
+        return digest_of({name: value for name, value in values.items() if name in trainable})
 
     async def run(
         self,
@@ -88,11 +92,6 @@ async def probe_noise(runner: Runner, examples: Sequence[Example]) -> tuple[Nois
 FINEST_BOOTSTRAP_LEVEL = 0.01
 
 
-def values_key(values: dict[str, Any]) -> str:
-    """A short, stable key of a set of values (a digest: checkpoints keep these keys)."""
-    return hashlib.sha256(json_key(values).encode()).hexdigest()[:16]
-
-
 def _per_example(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Each example's mean score over its rollouts (unscored rollouts left out)."""
     scores: dict[str, list[float]] = defaultdict(list)
@@ -106,7 +105,7 @@ class _Measured:
     """The rollouts of each set of values on the check's examples, in rounds (a round runs
     every example once), so a second look adds rounds instead of starting over.
 
-    With `recorded` (a deterministic agent: {values key: {example id: score}} of what the
+    With `recorded` (a deterministic agent: {values digest: {example id: score}} of what the
     search measured), a first look reads those scores and runs only the examples they
     lack: running them again would give the same answers at a price. With `allowance`
     (what a metric-call limit leaves a check that kept no calls), no more rollouts than
@@ -128,7 +127,7 @@ class _Measured:
     async def scores(self, values: dict[str, Any], rounds: int, partner: Collection[str] = ()) -> dict[str, float]:
         """Each example's mean score over `rounds` rounds of `values` (run as needed; under
         an allowance, the examples in `partner`, those the other side has, first)."""
-        key = values_key(values)
+        key = self.runner.digest(values)
         if self.recorded is not None and rounds == 1:
             return await self._completed(key, values, partner)
         have = len(self.rounds[key]) // max(1, len(self.examples))
@@ -138,7 +137,7 @@ class _Measured:
 
     def known(self, values: dict[str, Any]) -> set[str]:
         """The examples whose scores of `values` the search recorded."""
-        return set((self.recorded or {}).get(values_key(values), {}))
+        return set((self.recorded or {}).get(self.runner.digest(values), {}))
 
     async def _completed(self, key: str, values: dict[str, Any], partner: Collection[str]) -> dict[str, float]:
         """The search's scores of `values` on the check's examples, the missing ones run
@@ -224,7 +223,7 @@ async def check_final_values(
     gives the very answers the search picked the final values on, so the test is held
     to `alpha / compared`: the chance that the luckiest of that many candidates, none
     truly better, passes stays within `alpha`. Such a check reads the search's own scores
-    (`recorded`: {values key: {example id: score}}) and runs only the examples they lack:
+    (`recorded`: {values digest: {example id: score}}) and runs only the examples they lack:
     the answers would be the same. `allowance`: the most rollouts the check may run
     (None: as many as it needs)."""
     candidates = [values for values in (final, fallback) if values is not None]

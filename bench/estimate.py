@@ -13,7 +13,9 @@ tokens). Tasks:
   of 4: a run whose steps stop failing once it has learned, which the estimate does not
   foresee.
 
-Reported per task: calls, tokens and dollars, estimated and spent, and their ratio.
+Reported per task: calls, tokens and dollars, estimated and spent, and their ratio; then
+the calls' range (at the fewest, if nothing is accepted, at the most) and whether the
+calls spent fall in it.
 
     python bench/estimate.py
 """
@@ -100,6 +102,10 @@ def main() -> None:
             shown = (lambda v: f"${v:.4f}") if what == "usd" else (lambda v: f"{v:,.0f}")
             print(f"| {name} | {what} | {shown(figures[what])} | {shown(spent[what])} | "
                   f"{figures[what] / spent[what]:.2f} |")  # fmt: skip
+        ranged = (estimate.calls_at_fewest, estimate.calls_if_nothing_accepted, estimate.calls_at_most)
+        inside = "yes" if ranged[0] <= spent["calls"] <= ranged[2] else "**no**"
+        print(f"| {name} | calls: fewest / nothing accepted / most | {' / '.join(f'{n:,}' for n in ranged)} | "
+              f"{spent['calls']:,.0f} | in the range: {inside} |")  # fmt: skip
         notes = [a for a in estimate.assumptions if re.match("validation", a)]
         print(f"| {name} | measuring cost | {estimate.spent.calls} calls | | |", file=sys.stderr)
         print(f"{name}: {notes[0] if notes else ''}", file=sys.stderr)

@@ -25,10 +25,11 @@ from .usage import (
     areserve_all,
     budgets_for,
     charge_meters,
+    close_sending,
     cost_of,
     estimate_prompt_tokens,
     normalize_prices,
-    sending,
+    open_sending,
     settle_all,
 )
 
@@ -215,9 +216,9 @@ class Model(ABC):
                 budgets, estimate_prompt_tokens(messages, settings.get("tools")), self.price
             )
         marked = open_records(by_opto=True)  # any backend: an OpenTelemetry span opened inside is not counted again
+        mark, token = open_sending(not self.reports_sending)
         try:
-            with sending(not self.reports_sending) as mark:
-                fresh = await self._generate(messages, n=n, **settings)
+            fresh = await self._generate(messages, n=n, **settings)
         except BaseException as exc:
             # A request that left and whose reply was not awaited (cancelled, timed out) is
             # paid all the same: counted, with its prompt's estimated tokens, so a budget
@@ -229,6 +230,7 @@ class Model(ABC):
                 self._count(spent)
             raise
         finally:
+            close_sending(token)
             close_records(marked)
         for budget, reservation in zip(budgets, reservations):
             await budget.asettle(reservation, fresh.usage, self.price)

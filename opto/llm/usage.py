@@ -401,15 +401,16 @@ class Sending:
 _SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar("opto_sending", default=None)
 
 
-@contextlib.contextmanager
-def sending(sent: bool) -> Iterator[Sending]:
-    """The `Sending` mark of one backend call, seen by `request_sent` inside it."""
+def open_sending(sent: bool) -> tuple[Sending, contextvars.Token[Sending | None]]:
+    """The `Sending` mark of one backend call, seen by `request_sent` inside it, and the
+    token `close_sending` takes (a pair of calls, not a context manager: every call
+    pays for this)."""
     mark = Sending(sent)
-    token = _SENDING.set(mark)
-    try:
-        yield mark
-    finally:
-        _SENDING.reset(token)
+    return mark, _SENDING.set(mark)
+
+
+def close_sending(token: contextvars.Token[Sending | None]) -> None:
+    _SENDING.reset(token)
 
 
 def request_refused() -> None:
